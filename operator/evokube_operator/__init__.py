@@ -1,0 +1,1 @@
+"""evokube operator: turns ERLExperiment resources into trainer Jobs."""

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Build the pinned control-plane binaries from the Go module proxy, once, into
+#   ${EVOKUBE_CACHE:-~/.cache/evokube}/bin/<component>-<version>/
+# A component whose folder already holds its binaries (and a .complete stamp)
+# is skipped, so a warm run costs nothing. Prints the folders it built or found.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+cache=${EVOKUBE_CACHE:-$HOME/.cache/evokube}
+export GOFLAGS="${GOFLAGS:-} -buildvcs=false -trimpath"
+export CGO_ENABLED=0
+# Two cores: let go use both for compiling but keep the linker count small.
+export GOMAXPROCS=${GOMAXPROCS:-2}
+
+log() { printf '[build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+done_in() { [[ -f "$1/.complete" ]]; }
+
+# build_wrapper DIR MODULE VERSION LDFLAGS PKG... : build packages of a module
+# that cannot be `go install`ed (it has replace directives) from a throwaway
+# wrapper module that requires it.
+build_wrapper() {
+  local out=$1 module=$2 version=$3 ldflags=$4; shift 4
+  local work; work=$(mktemp -d)
+  (
+    cd "$work"
+    go mod init evokube.local/wrapper >/dev/null 2>&1
+    go mod edit -require="$module@$version"
+    if [[ $module == k8s.io/kubernetes ]]; then
+      # Replace every staging module that the release's go.mod points at
+      # ./staging/src/... with its published v0.X.Y.
+      local gomod staging
+      gomod=$(go mod download -json "$module@$version" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+      staging="v0.${version#v1.}"
+      grep -oE '^\s*k8s\.io/[a-z0-9./-]+ => \./staging' "$gomod" | awk '{print $1}' | while read -r m; do
+        go mod edit -replace="$m=$m@$staging"
+      done
+    fi
+    # Import the mains so `go mod tidy` keeps their dependencies.
+    { echo "//go:build tools"; echo "package tools"; echo "import ("
+      for p in "$@"; do echo "  _ \"$p\""; done; echo ")"; } > tools.go
+    go mod tidy >/dev/null 2>"$work/tidy.log" || { cat "$work/tidy.log" >&2; exit 1; }
+    mkdir -p "$out"
+    for p in "$@"; do
+      log "go build $p"
+      go build -ldflags "$ldflags" -o "$out/" "$p"
+    done
+  )
+  rm -rf "$work"
+}
+
+k8s_ldflags() {
+  local v=$1 minor major; major=${v#v}; major=${major%%.*}
+  minor=${v#v*.}; minor=${minor%%.*}
+  local flags="-s -w" pkg
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    flags+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+    flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$flags"
+}
+
+build_kubernetes() {
+  local out="$cache/bin/kubernetes-$KUBERNETES_VERSION"
+  done_in "$out" && { echo "$out"; return; }
+  log "building Kubernetes $KUBERNETES_VERSION into $out (cold: tens of minutes on 2 cores)"
+  build_wrapper "$out" k8s.io/kubernetes "$KUBERNETES_VERSION" "$(k8s_ldflags "$KUBERNETES_VERSION")" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+  touch "$out/.complete"; echo "$out"
+}
+
+build_etcd() {
+  local out="$cache/bin/etcd-$ETCD_VERSION"
+  done_in "$out" && { echo "$out"; return; }
+  log "building etcd $ETCD_VERSION into $out"
+  build_wrapper "$out" go.etcd.io/etcd/server/v3 "$ETCD_VERSION" \
+    "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" go.etcd.io/etcd/server/v3
+  mv "$out/server" "$out/etcd"
+  touch "$out/.complete"; echo "$out"
+}
+
+build_kwok() {
+  local out="$cache/bin/kwok-$KWOK_VERSION"
+  done_in "$out" && { echo "$out"; return; }
+  log "building kwok $KWOK_VERSION into $out"
+  mkdir -p "$out"
+  GOBIN="$out" go install -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" \
+    "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  touch "$out/.complete"; echo "$out"
+}
+
+build_helm() {
+  local out="$cache/bin/helm-$HELM_VERSION"
+  done_in "$out" && { echo "$out"; return; }
+  log "building helm $HELM_VERSION into $out"
+  mkdir -p "$out"
+  local major=${HELM_VERSION%%.*}
+  GOBIN="$out" go install -ldflags "-s -w -X helm.sh/helm/$major/internal/version.version=$HELM_VERSION" \
+    "helm.sh/helm/$major/cmd/helm@$HELM_VERSION"
+  touch "$out/.complete"; echo "$out"
+}
+
+components=("$@")
+[[ ${#components[@]} -gt 0 ]] || components=(etcd kwok helm kubernetes)
+for c in "${components[@]}"; do "build_$c"; done

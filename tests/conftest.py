@@ -1,0 +1,60 @@
+"""Shared pytest fixtures: one real control plane per session, a namespace per test."""
+
+import os
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.controlplane import ControlPlane, wait_until
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory) -> ControlPlane:
+    """The test control plane: started once, torn down at the end of the session.
+
+    With EVOKUBE_TEST_CLUSTER set to the folder of a cluster started by
+    `python -m tests.cluster up`, that cluster is reused and left running.
+    """
+    existing = os.environ.get("EVOKUBE_TEST_CLUSTER")
+    if existing:
+        plane = ControlPlane(Path(existing))
+        if not plane.is_running():
+            pytest.fail(f"EVOKUBE_TEST_CLUSTER={existing} names no running cluster")
+        yield plane
+        return
+    plane = ControlPlane(tmp_path_factory.mktemp("cluster"))
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture
+def api(cluster):
+    """An admin ApiClient for the test cluster."""
+    client = cluster.api_client()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def namespace(cluster, api, request) -> str:
+    """A fresh namespace for one test, with its default ServiceAccount ready."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    slug = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    name = f"{slug}-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+
+    def default_sa_exists():
+        return any(
+            sa.metadata.name == "default" for sa in core.list_namespaced_service_account(name).items
+        )
+
+    wait_until(default_sa_exists, 30, f"the default ServiceAccount in {name}")
+    yield name
+    core.delete_namespace(name)

@@ -1,0 +1,1 @@
+"""evokube trainer: evolutionary reinforcement learning in JAX."""
