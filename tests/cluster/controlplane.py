@@ -175,14 +175,19 @@ class ControlPlane:
         return client.ApiClient(config)
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None):
-        """Run our pinned kubectl as admin; returns the CompletedProcess."""
-        return subprocess.run(
+        """Run our pinned kubectl as admin; returns the CompletedProcess.
+
+        With check, a failure raises an error that carries kubectl's stderr.
+        """
+        run = subprocess.run(
             [self.binaries.path("kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
-            check=check,
             capture_output=True,
             text=True,
             input=input,
         )
+        if check and run.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {run.stderr.strip()}")
+        return run
 
     # -- lifecycle -----------------------------------------------------------
     def is_running(self) -> bool:
@@ -536,7 +541,7 @@ class ControlPlane:
         for pool, spec in yaml.safe_load((HERE / "nodes.yaml").read_text())["pools"].items():
             for i in range(spec["count"]):
                 manifests.append(fake_node(f"{pool}-{i}", pool, spec))
-        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_stream(manifests))
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(manifests))
         names = [m["metadata"]["name"] for m in manifests]
 
         def all_ready() -> bool:
