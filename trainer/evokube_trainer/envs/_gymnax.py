@@ -1,0 +1,93 @@
+"""Adapter from a gymnax environment to the Env API (one env, no resets, no time limit)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from gymnax.environments import spaces as gymnax_spaces
+
+from evokube_trainer.envs._base import Env, EnvState, as_flag, strong_types
+from evokube_trainer.envs._spaces import Box, Discrete, Space
+
+
+@struct.dataclass
+class GymnaxInner:
+    env_state: Any  # the gymnax EnvState
+    key: jax.Array  # [2] key for the env's own stochastic transitions
+
+
+def _convert_space(space: Any) -> Space:
+    if isinstance(space, gymnax_spaces.Discrete):
+        return Discrete(int(space.n))
+    if isinstance(space, gymnax_spaces.Box):
+        return Box(np.asarray(space.low), np.asarray(space.high), tuple(space.shape))
+    raise ValueError(f"unsupported gymnax action space {space!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GymnaxEnv(Env):
+    """One gymnax env driven through ``reset_env``/``step_env``.
+
+    gymnax's own ``step`` resets inside the call and applies the env's default time limit; this
+    adapter bypasses both, so it reports only the env's true termination. ``AutoReset`` adds the
+    time limit and the reset policy. Observations are flattened to ``[obs_dim]`` float32.
+
+    Discrete actions are integer scalars here; ``ActionTransform`` turns score vectors into them.
+    """
+
+    env: Any  # gymnax.environments.environment.Environment
+    params: Any  # its EnvParams (a hashable flax struct)
+    obs_dim: int
+    action_space: Space
+    num_envs: None = None
+
+    @classmethod
+    def create(cls, env_id: str, **env_kwargs) -> GymnaxEnv:
+        env, params = gymnax.make(env_id, **env_kwargs)
+        obs_shape = jax.eval_shape(env.reset_env, jax.random.key(0), params)[0].shape
+        return cls(
+            env=env,
+            params=params,
+            obs_dim=int(np.prod(obs_shape)),
+            action_space=_convert_space(env.action_space(params)),
+        )
+
+    @property
+    def default_episode_length(self) -> int:
+        return int(self.params.max_steps_in_episode)
+
+    def reset(self, key: jax.Array) -> EnvState:
+        key, reset_key = jax.random.split(key)
+        obs, env_state = self.env.reset_env(reset_key, self.params)
+        zero = jnp.zeros((), jnp.float32)
+        return EnvState(
+            inner=GymnaxInner(env_state=strong_types(env_state), key=key),
+            obs=self._flat(obs),
+            reward=zero,
+            terminated=zero,
+            truncated=zero,
+            info={},
+        )
+
+    def step(self, state: EnvState, action: jax.Array) -> EnvState:
+        key, step_key = jax.random.split(state.inner.key)
+        obs, env_state, reward, terminated, _ = self.env.step_env(
+            step_key, state.inner.env_state, action, self.params
+        )
+        return EnvState(
+            inner=GymnaxInner(env_state=env_state, key=key),
+            obs=self._flat(obs),
+            reward=jnp.asarray(reward, jnp.float32).reshape(()),
+            terminated=as_flag(terminated).reshape(()),
+            truncated=jnp.zeros((), jnp.float32),
+            info={},
+        )
+
+    def _flat(self, obs: jax.Array) -> jax.Array:
+        return jnp.asarray(obs, jnp.float32).reshape(self.obs_dim)  # [obs_dim]
