@@ -1,0 +1,285 @@
+"""EC optimizers: convergence under jit + lax.scan, eager use, and each algorithm's own contract."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from evokube_trainer.ec import (
+    ARS,
+    CMAES,
+    GA,
+    OpenES,
+    SepCEM,
+    SepCMAES,
+    VanillaES,
+    centered_rank,
+    raw_fitness,
+    replace_worst,
+    tournament_selection,
+    z_score,
+)
+
+DIMS = 8
+SHIFT = jnp.linspace(-1.0, 1.0, DIMS)  # optimum of the shifted benchmarks
+
+
+def sphere(x):
+    return -jnp.sum((x - SHIFT[: x.shape[0]]) ** 2)
+
+
+def rastrigin(x):
+    z = x - SHIFT[: x.shape[0]]
+    return -(10.0 * z.shape[0] + jnp.sum(z**2 - 10.0 * jnp.cos(2.0 * jnp.pi * z)))
+
+
+def run_scan(opt, objective, start, num_generations, seed=0):
+    """init, then ask/evaluate/tell inside one jitted lax.scan; returns final state and history."""
+
+    def generation(state, key):
+        population, state = opt.ask(state, key)
+        state, metrics = opt.tell(state, population, jax.vmap(objective)(population))
+        return state, metrics
+
+    @jax.jit
+    def train(key):
+        k_init, k_run = jax.random.split(key)
+        state = opt.init(k_init, start)
+        return jax.lax.scan(generation, state, jax.random.split(k_run, num_generations))
+
+    return train(jax.random.key(seed))
+
+
+# name: (optimizer, objective, start value per dimension, generations, tolerance on -objective)
+CONVERGENCE = {
+    "open_es": (OpenES(32, DIMS, sigma=0.1, learning_rate=0.05), sphere, 3.0, 300, 1e-3),
+    "vanilla_es": (
+        VanillaES(32, DIMS, sigma=optax.exponential_decay(0.5, 1, 0.97, end_value=0.01)),
+        sphere,
+        3.0,
+        200,
+        1e-3,
+    ),
+    "ars": (
+        ARS(32, DIMS, sigma=0.05, learning_rate=0.05, num_top_directions=8),
+        sphere,
+        3.0,
+        300,
+        0.05,
+    ),
+    "sep_cem": (
+        SepCEM(
+            32, DIMS, init_cov=1.0, damp=1.0, damp_limit=1e-6, tau=0.9, mirrored=True, elitism=True
+        ),
+        sphere,
+        3.0,
+        150,
+        1e-4,
+    ),
+    "sep_cem_rastrigin": (SepCEM(64, 2, init_cov=4.0, damp=0.5), rastrigin, 2.5, 200, 1e-3),
+    "cma_es": (CMAES(16, DIMS, init_sigma=1.0), sphere, 3.0, 100, 1e-6),
+    "cma_es_rastrigin": (CMAES(32, 2, init_sigma=2.0), rastrigin, 2.5, 100, 1e-3),
+    "sep_cma_es": (SepCMAES(16, DIMS, init_sigma=1.0), sphere, 3.0, 150, 1e-6),
+    "ga": (
+        GA(
+            32,
+            DIMS,
+            num_elites=2,
+            mutation_frac=0.3,
+            relative_mutation=False,
+            crossover_prob=0.3,
+            crossover="single_point",
+        ),
+        sphere,
+        3.0,
+        300,
+        1e-3,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CONVERGENCE))
+def test_converges_under_jit_and_scan(name):
+    opt, objective, start, num_generations, tolerance = CONVERGENCE[name]
+    state, metrics = run_scan(opt, objective, jnp.full((opt.num_dims,), start), num_generations)
+    assert metrics["fitness_max"].shape == (num_generations,)
+    assert -float(objective(opt.best(state))) < tolerance
+
+
+# One small instance of each optimizer, for contract tests.
+OPTIMIZERS = {
+    "open_es": OpenES(8, 4, weight_decay=0.01),
+    "vanilla_es": VanillaES(8, 4, mirrored=True),
+    "ars": ARS(8, 4, num_top_directions=2),
+    "sep_cem": SepCEM(8, 4, elitism=True),
+    "cma_es": CMAES(8, 4),
+    "sep_cma_es": SepCMAES(8, 4),
+    "ga": GA(8, 4),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_eager_ask_tell(name):
+    """One ask/tell op by op, no jit (the scan tests cover the jitted path)."""
+    opt = OPTIMIZERS[name]
+    hash(opt)  # static: usable as a jit closure constant
+    k_init, k_ask = jax.random.split(jax.random.key(1))
+    state = opt.init(k_init, jnp.ones(4))
+    population, state = opt.ask(state, k_ask)
+    assert population.shape == (8, 4) and population.dtype == jnp.float32
+    state, metrics = opt.tell(state, population, jax.vmap(sphere)(population))
+    assert int(state.generation) == 1
+    assert opt.best(state).shape == (4,)
+    assert bool(jnp.all(jnp.isfinite(opt.best(state))))
+    for key, value in metrics.items():
+        assert value.shape == () and np.isfinite(value), key
+
+
+def test_jitted_tell_matches_eager_tell():
+    """`jax.jit(opt.tell)` works with the optimizer closed over (here the eigh path of CMA-ES)."""
+    opt = OPTIMIZERS["cma_es"]
+    state = opt.init(jax.random.key(0), jnp.ones(4))
+    for key in jax.random.split(jax.random.key(1), 2):
+        population, state = opt.ask(state, key)
+        fitness = jax.vmap(sphere)(population)
+        eager, _ = opt.tell(state, population, fitness)
+        jitted, _ = jax.jit(opt.tell)(state, population, fitness)
+        for name in ("mean", "sigma", "cov", "scale"):
+            np.testing.assert_allclose(
+                getattr(eager, name), getattr(jitted, name), rtol=1e-4, atol=1e-6
+            )
+        state = jitted
+
+
+@pytest.mark.parametrize(
+    "opt",
+    [OpenES(8, 4), ARS(8, 4), VanillaES(8, 4, mirrored=True), SepCEM(8, 4, mirrored=True)],
+    ids=lambda opt: type(opt).__name__,
+)
+def test_mirrored_sampling_is_mirrored(opt):
+    mean = jnp.array([0.5, -1.0, 2.0, 0.0])
+    state = opt.init(jax.random.key(0), mean)
+    population, _ = opt.ask(state, jax.random.key(1))
+    offsets = population - mean
+    np.testing.assert_allclose(offsets[:4], -offsets[4:], atol=1e-6)
+    assert float(jnp.abs(offsets).min()) > 0
+
+
+def test_mirrored_needs_even_population():
+    with pytest.raises(ValueError, match="even"):
+        OpenES(7, 4)
+
+
+# The contract tests below run eagerly on pop 8, D 4 so they reuse the compiled primitives.
+
+
+def test_sep_cem_tell_uses_the_population_passed_in():
+    opt = SepCEM(8, 4)
+    state = opt.init(jax.random.key(0), jnp.zeros(4))
+    _, state = opt.ask(state, jax.random.key(1))
+    target = jnp.array([1.0, 2.0, 3.0, 4.0])
+    written_back = jnp.tile(target, (8, 1))  # e.g. RL-updated offspring
+    state, _ = opt.tell(state, written_back, jnp.arange(8.0))
+    np.testing.assert_allclose(state.mean, target, rtol=1e-6)
+    np.testing.assert_allclose(state.elite, target)
+    # cov = sum_i w_i (x_i - old_mean)^2 / num_elites + damp, with the decayed damp
+    damp = opt.tau * opt.damp + (1 - opt.tau) * opt.damp_limit
+    np.testing.assert_allclose(state.cov, target**2 / 4 + damp, rtol=1e-5)
+
+
+def test_sep_cem_elitism_reinserts_the_previous_best():
+    opt = SepCEM(8, 4, elitism=True)
+    state = opt.init(jax.random.key(0), jnp.zeros(4))
+    population, state = opt.ask(state, jax.random.key(1))
+    fitness = jnp.array([0.0, 9.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    state, _ = opt.tell(state, population, fitness)
+    next_population, _ = opt.ask(state, jax.random.key(2))
+    np.testing.assert_array_equal(next_population[-1], population[1])
+
+
+def test_ars_step_is_invariant_to_return_scale():
+    opt = ARS(8, 4, num_top_directions=3)
+    state = opt.init(jax.random.key(0), jnp.zeros(4))
+    population, state = opt.ask(state, jax.random.key(1))
+    fitness = jax.vmap(sphere)(population)
+    small, _ = opt.tell(state, population, fitness)
+    large, _ = opt.tell(state, population, 100.0 * fitness + 7.0)
+    np.testing.assert_allclose(small.mean, large.mean, rtol=1e-4, atol=1e-6)
+
+
+def test_open_es_schedules_and_weight_decay():
+    sigma = optax.linear_schedule(0.5, 0.1, 4)
+    opt = OpenES(
+        8,
+        4,
+        sigma=sigma,
+        learning_rate=0.1,
+        optimizer=optax.sgd,
+        weight_decay=0.5,
+        fitness_shaping=raw_fitness,
+    )
+    state = opt.init(jax.random.key(0), jnp.ones(4))
+    for generation, key in enumerate(jax.random.split(jax.random.key(1), 5)):
+        population, state = opt.ask(state, key)
+        # Flat fitness: no gradient, so only the decay moves the mean: m <- m - lr * wd * m.
+        state, metrics = opt.tell(state, population, jnp.zeros(8))
+        np.testing.assert_allclose(metrics["sigma"], sigma(generation), rtol=1e-6)
+        assert float(metrics["grad_norm"]) == 0.0
+    np.testing.assert_allclose(state.mean, jnp.full(4, 0.95**5), rtol=1e-5)
+
+
+def test_cma_es_learns_an_ill_conditioned_covariance():
+    scales = jnp.array([1.0, 1000.0])
+
+    def ellipse(x):
+        return -jnp.sum((scales * x) ** 2)
+
+    opt = CMAES(8, 2, init_sigma=1.0)
+    state, _ = run_scan(opt, ellipse, jnp.ones(2), 150)
+    assert float(state.scale.max() / state.scale.min()) > 100.0
+    assert -float(ellipse(opt.best(state))) < 1e-6
+
+
+def test_ga_elitism_keeps_the_best_unchanged():
+    opt = GA(8, 4, num_elites=2, mutation_prob=1.0, mutation_frac=1.0, crossover_prob=1.0)
+    population = jax.random.normal(jax.random.key(0), (8, 4))
+    fitness = jnp.array([3.0, 9.0, 1.0, 0.0, 8.0, 2.0, 4.0, 5.0])
+    state = opt.init(jax.random.key(1), jnp.zeros(4))
+    state, _ = opt.tell(state, population, fitness)
+    next_population, _ = opt.ask(state, jax.random.key(2))
+    np.testing.assert_array_equal(next_population[0], population[1])
+    np.testing.assert_array_equal(next_population[1], population[4])
+    np.testing.assert_array_equal(opt.best(state), population[1])
+    # Full mutation touched every child: none is a verbatim copy of a member.
+    copies = jnp.all(next_population[2:, None] == population[None], axis=-1)
+    assert not bool(copies.any())
+
+
+def test_tournament_selection_prefers_fitter_individuals():
+    fitness = jax.random.permutation(jax.random.key(0), jnp.arange(8.0))
+    selected = fitness[tournament_selection(jax.random.key(1), fitness, 4000, 3)]
+    # E[max of 3 draws from 0..7] = 5.47 against 3.5 for uniform selection.
+    assert float(selected.mean()) > 5.0
+    # The worst wins only if drawn three times: (1/8)^3, about 8 of 4000.
+    assert int((selected == 0.0).sum()) < 30
+    assert int((selected == 7.0).sum()) > 1000  # 1 - (7/8)^3 = 33%
+
+
+def test_replace_worst_replaces_exactly_the_worst():
+    population = jnp.arange(24.0).reshape(6, 4)
+    fitness = jnp.array([5.0, -1.0, 3.0, -7.0, 0.0, 2.0])
+    newcomers = -jnp.ones((2, 4))
+    replaced, indices = replace_worst(population, fitness, newcomers)
+    assert sorted(indices.tolist()) == [1, 3]
+    np.testing.assert_array_equal(replaced[jnp.array([1, 3])], newcomers)
+    keep = jnp.array([0, 2, 4, 5])
+    np.testing.assert_array_equal(replaced[keep], population[keep])
+
+
+def test_fitness_shaping():
+    fitness = jnp.array([10.0, -3.0, 0.5, 7.0, 2.0])
+    ranks = centered_rank(fitness)
+    np.testing.assert_allclose(ranks, [0.5, -0.5, -0.25, 0.25, 0.0])
+    scores = z_score(fitness)
+    np.testing.assert_allclose([scores.mean(), scores.std()], [0.0, 1.0], atol=1e-5)
