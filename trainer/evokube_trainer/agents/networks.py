@@ -1,0 +1,149 @@
+"""MLP actors and critics (flax linen) and the glue that lets EC evolve actors.
+
+Networks are linen modules used only through their pure `init`/`apply`, so parameters are plain
+pytrees that live in the caller's state. Two bridges connect them to the EC side:
+
+* `ParamFlattener` turns one actor's parameter pytree into a flat float32 vector `[D]` and back
+  (built on `jax.flatten_util.ravel_pytree`), and does the same for a whole population
+  `[pop, ...] <-> [pop, D]` with `vmap`. EC optimizers only ever see the flat vectors.
+* `population_apply` runs one network for every member of a stacked population of parameters,
+  vmapping over the leading `[pop]` axis of the parameters (and of the observations if they are
+  per-member).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+__all__ = [
+    "MLP",
+    "Actor",
+    "ParamFlattener",
+    "TwinCritic",
+    "population_apply",
+]
+
+Array = jax.Array
+Params = Any
+
+
+class MLP(nn.Module):
+    """Dense layers with an activation (and optional LayerNorm) after every hidden layer."""
+
+    hidden_sizes: Sequence[int]
+    output_size: int
+    activation: Callable[[Array], Array] = nn.relu
+    layer_norm: bool = False
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        for size in self.hidden_sizes:
+            x = nn.Dense(size)(x)
+            if self.layer_norm:
+                x = nn.LayerNorm()(x)
+            x = self.activation(x)
+        return nn.Dense(self.output_size)(x)
+
+
+class Actor(nn.Module):
+    """Deterministic policy: obs `[..., obs_dim]` -> action `[..., action_dim]` in [-1, 1]."""
+
+    action_dim: int
+    hidden_sizes: Sequence[int] = (256, 256)
+    activation: Callable[[Array], Array] = nn.relu
+
+    @nn.compact
+    def __call__(self, obs: Array) -> Array:
+        x = MLP(self.hidden_sizes, self.action_dim, self.activation)(obs)
+        return jnp.tanh(x)
+
+
+class TwinCritic(nn.Module):
+    """`num_critics` independent Q networks evaluated together.
+
+    (obs `[..., obs_dim]`, action `[..., action_dim]`) -> Q `[num_critics, ...]`. The heads share
+    no parameters: `nn.vmap` stacks each head's parameters along a leading axis, which runs all
+    heads as one batched matmul instead of `num_critics` small ones.
+    """
+
+    hidden_sizes: Sequence[int] = (256, 256)
+    layer_norm: bool = False
+    num_critics: int = 2
+    activation: Callable[[Array], Array] = nn.relu
+
+    @nn.compact
+    def __call__(self, obs: Array, action: Array) -> Array:
+        heads = nn.vmap(
+            MLP,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=None,
+            out_axes=0,
+            axis_size=self.num_critics,
+        )
+        x = jnp.concatenate([obs, action], axis=-1)
+        q = heads(self.hidden_sizes, 1, self.activation, self.layer_norm)(x)
+        return q[..., 0]  # [num_critics, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamFlattener:
+    """Converts between a parameter pytree and a flat float32 vector `[num_dims]`.
+
+    Build it once from example parameters (`ParamFlattener.from_params(params)`); the tree
+    structure, shapes and dtypes are fixed from then on. Population variants vmap over a leading
+    `[pop]` axis.
+    """
+
+    num_dims: int
+    unravel: Callable[[Array], Params]
+
+    @classmethod
+    def from_params(cls, params: Params) -> ParamFlattener:
+        flat, unravel = ravel_pytree(params)
+        return cls(num_dims=int(flat.shape[0]), unravel=unravel)
+
+    def flatten(self, params: Params) -> Array:
+        """params -> `[D]`."""
+        return ravel_pytree(params)[0]
+
+    def unflatten(self, flat: Array) -> Params:
+        """`[D]` -> params."""
+        if flat.shape != (self.num_dims,):
+            raise ValueError(
+                f"expected a flat vector of shape ({self.num_dims},), got {flat.shape}"
+            )
+        return self.unravel(flat)
+
+    def flatten_population(self, params: Params) -> Array:
+        """Stacked params (leaves `[pop, ...]`) -> `[pop, D]`."""
+        return jax.vmap(self.flatten)(params)
+
+    def unflatten_population(self, flat: Array) -> Params:
+        """`[pop, D]` -> stacked params (leaves `[pop, ...]`)."""
+        if flat.ndim != 2 or flat.shape[1] != self.num_dims:
+            raise ValueError(f"expected shape [pop, {self.num_dims}], got {flat.shape}")
+        return jax.vmap(self.unravel)(flat)
+
+
+def population_apply(
+    apply_fn: Callable[..., Array],
+    pop_params: Params,
+    *inputs: Array,
+    shared_inputs: bool = False,
+) -> Array:
+    """Applies `apply_fn(params, *inputs)` for each member of a stacked population.
+
+    `pop_params` has leaves `[pop, ...]`. With `shared_inputs=False` every input carries the
+    population axis too (`[pop, B, ...]`, e.g. one batch of env observations per member); with
+    `shared_inputs=True` all members see the same inputs (`[B, ...]`). Returns `[pop, ...]`.
+    """
+    in_axes = (0, *([None] * len(inputs))) if shared_inputs else 0
+    return jax.vmap(apply_fn, in_axes=in_axes)(pop_params, *inputs)

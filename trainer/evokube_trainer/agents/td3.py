@@ -1,0 +1,375 @@
+"""TD3: Twin Delayed Deep Deterministic policy gradient (Fujimoto, van Hoof and Meger, 2018).
+
+Design
+------
+`TD3(config, obs_dim, action_dim)` is a frozen dataclass that holds only static structure; all
+learning state is a `TD3State` pytree passed in and out, so every method is a pure function that
+callers may `jit`, `lax.scan` or `vmap`. The state is split in two independent halves:
+
+* `ActorState`  (params, target_params, opt_state) -- one policy and its Adam state.
+* `CriticState` (params, target_params, opt_state) -- the twin Q networks, stacked along a
+  leading `[num_critics]` axis inside the params.
+
+and the learning step is split the same way, so ERL workflows can recombine the pieces:
+
+* `critic_update(critic, target_actor_params, batch, key)`: one gradient step of the clipped
+  double-Q loss. The target actions come from whichever actor target the caller passes.
+* `actor_update(actor, critic_params, batch)`: one deterministic policy-gradient step against a
+  given critic.
+* `update_target(actor_or_critic)`: Polyak averaging `target <- tau * online + (1 - tau) * target`.
+
+`update(state, batch, key)` composes them into the standard TD3 step: a critic step every call;
+every `actor_update_interval` calls also an actor step followed by the soft update of BOTH targets
+(as in the authors' implementation). `update_many` scans `update` over freshly sampled replay
+batches.
+
+How the ERL algorithms use it:
+
+* K independent agents (ERL-GA style): stack K `TD3State`s (`jax.vmap(td3.init)(keys)`) and
+  `jax.vmap(td3.update)(states, batches, keys)`; the delay branch becomes a select under vmap.
+* K actors sharing one critic (CEM-RL): `shared_critic_update(critic, actor_targets[K], batches
+  [K, B], key)` takes one gradient step on the mean of the K per-actor critic losses; then
+  `jax.vmap(td3.actor_update, in_axes=(0, None, 0))(actors, critic.params, batches)` moves every
+  actor against the shared critic. Actors coming from the EC side are wrapped with
+  `actor_state_from_params` (fresh target and optimizer state).
+
+Transitions follow `replay.Transition`: `terminated` stops bootstrapping (discount multiplied by
+`1 - terminated`), `truncated` does not (a time limit is not a true end of the MDP). Actions are
+in [-1, 1]; the env adapter maps them to the env's bounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal, TypeVar, cast
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from evokube_trainer.agents.networks import Actor, TwinCritic
+from evokube_trainer.replay import ReplayBuffer, ReplayState, Transition
+
+__all__ = [
+    "TD3",
+    "ActorState",
+    "CriticState",
+    "TD3Config",
+    "TD3State",
+    "soft_update",
+]
+
+Array = jax.Array
+Params = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class TD3Config:
+    """TD3 hyperparameters; defaults follow the paper and the authors' reference code."""
+
+    actor_hidden_sizes: tuple[int, ...] = (256, 256)
+    critic_hidden_sizes: tuple[int, ...] = (256, 256)
+    critic_layer_norm: bool = False  # LayerNorm after each hidden critic layer
+    num_critics: int = 2  # the target takes the min over all of them
+    actor_lr: float = 3e-4
+    critic_lr: float = 3e-4
+    max_grad_norm: float | None = None  # global-norm gradient clipping, off by default
+    discount: float = 0.99
+    tau: float = 0.005  # Polyak coefficient of the soft target update
+    policy_noise: float = 0.2  # std of the target policy smoothing noise
+    noise_clip: float = 0.5  # the smoothing noise is clipped to [-noise_clip, noise_clip]
+    actor_update_interval: int = 2  # critic steps per actor (and target) step
+    exploration_noise: float = 0.1  # default std of the Gaussian noise added by `act`
+    actor_loss_q: Literal["first", "min"] = "first"  # which Q the actor maximizes
+
+    def __post_init__(self):
+        if self.actor_update_interval < 1:
+            raise ValueError("actor_update_interval must be >= 1")
+        if self.num_critics < 1:
+            raise ValueError("num_critics must be >= 1")
+        if self.actor_loss_q not in ("first", "min"):
+            raise ValueError(f"actor_loss_q must be 'first' or 'min', got {self.actor_loss_q!r}")
+
+
+@struct.dataclass
+class ActorState:
+    params: Params  # actor network parameters
+    target_params: Params  # slowly tracking copy used for critic targets
+    opt_state: optax.OptState
+
+
+@struct.dataclass
+class CriticState:
+    params: Params  # twin critic parameters, leaves [num_critics, ...]
+    target_params: Params
+    opt_state: optax.OptState
+
+
+@struct.dataclass
+class TD3State:
+    actor: ActorState
+    critic: CriticState
+    step: Array  # [] int32, critic gradient steps taken so far
+
+
+_NetState = TypeVar("_NetState", ActorState, CriticState)
+
+
+def soft_update(target: Params, online: Params, tau: float) -> Params:
+    """Polyak averaging: `tau * online + (1 - tau) * target`, leaf by leaf."""
+    return jax.tree.map(lambda t, o: tau * o + (1.0 - tau) * t, target, online)
+
+
+def _mean_metrics(metrics: dict[str, Array]) -> dict[str, Array]:
+    return jax.tree.map(lambda x: jnp.mean(x, axis=0), metrics)
+
+
+@dataclasses.dataclass(frozen=True)
+class TD3:
+    """Static TD3 logic; see the module docstring for how the pieces fit."""
+
+    config: TD3Config
+    obs_dim: int
+    action_dim: int
+
+    # ---- networks and optimizers -------------------------------------------------------------
+
+    @property
+    def actor_network(self) -> Actor:
+        return Actor(self.action_dim, self.config.actor_hidden_sizes)
+
+    @property
+    def critic_network(self) -> TwinCritic:
+        cfg = self.config
+        return TwinCritic(cfg.critic_hidden_sizes, cfg.critic_layer_norm, cfg.num_critics)
+
+    def _optimizer(self, learning_rate: float) -> optax.GradientTransformation:
+        adam = optax.adam(learning_rate)
+        if self.config.max_grad_norm is None:
+            return adam
+        return optax.chain(optax.clip_by_global_norm(self.config.max_grad_norm), adam)
+
+    @property
+    def actor_optimizer(self) -> optax.GradientTransformation:
+        return self._optimizer(self.config.actor_lr)
+
+    @property
+    def critic_optimizer(self) -> optax.GradientTransformation:
+        return self._optimizer(self.config.critic_lr)
+
+    # ---- init ---------------------------------------------------------------------------------
+
+    def init_actor_params(self, key: Array) -> Params:
+        return self.actor_network.init(key, jnp.zeros((self.obs_dim,), jnp.float32))
+
+    def actor_state_from_params(self, params: Params) -> ActorState:
+        """Wraps given actor params (e.g. unflattened from EC) with a target and Adam state."""
+        return ActorState(
+            params=params,
+            target_params=params,
+            opt_state=self.actor_optimizer.init(params),
+        )
+
+    def init_actor(self, key: Array) -> ActorState:
+        return self.actor_state_from_params(self.init_actor_params(key))
+
+    def init_critic(self, key: Array) -> CriticState:
+        obs = jnp.zeros((self.obs_dim,), jnp.float32)
+        action = jnp.zeros((self.action_dim,), jnp.float32)
+        params = self.critic_network.init(key, obs, action)
+        return CriticState(
+            params=params,
+            target_params=params,
+            opt_state=self.critic_optimizer.init(params),
+        )
+
+    def init(self, key: Array) -> TD3State:
+        actor_key, critic_key = jax.random.split(key)
+        return TD3State(
+            actor=self.init_actor(actor_key),
+            critic=self.init_critic(critic_key),
+            step=jnp.zeros((), jnp.int32),
+        )
+
+    # ---- acting -------------------------------------------------------------------------------
+
+    def policy(self, actor_params: Params, obs: Array) -> Array:
+        """Deterministic action `[..., action_dim]` in [-1, 1]."""
+        return cast(Array, self.actor_network.apply(actor_params, obs))
+
+    def act(
+        self, actor_params: Params, obs: Array, key: Array, noise_std: float | Array | None = None
+    ) -> Array:
+        """Exploration action: policy + N(0, noise_std^2), clipped to [-1, 1].
+
+        `noise_std` defaults to `config.exploration_noise`; it may be a traced scalar (or any
+        array broadcastable to the action) so workflows can anneal or vary it per env.
+        """
+        std = self.config.exploration_noise if noise_std is None else noise_std
+        action = self.policy(actor_params, obs)
+        noise = std * jax.random.normal(key, action.shape, action.dtype)
+        return jnp.clip(action + noise, -1.0, 1.0)
+
+    def q_values(self, critic_params: Params, obs: Array, action: Array) -> Array:
+        """Q estimates of every critic head, `[num_critics, ...]`."""
+        return cast(Array, self.critic_network.apply(critic_params, obs, action))
+
+    # ---- critic -------------------------------------------------------------------------------
+
+    def target_action(self, target_actor_params: Params, next_obs: Array, key: Array) -> Array:
+        """Smoothed target action pi'(s') + clip(N(0, policy_noise^2), +-noise_clip), in [-1, 1]."""
+        cfg = self.config
+        action = self.policy(target_actor_params, next_obs)
+        noise = cfg.policy_noise * jax.random.normal(key, action.shape, action.dtype)
+        noise = jnp.clip(noise, -cfg.noise_clip, cfg.noise_clip)
+        return jnp.clip(action + noise, -1.0, 1.0)
+
+    def critic_target(
+        self,
+        target_critic_params: Params,
+        target_actor_params: Params,
+        batch: Transition,
+        key: Array,
+    ) -> Array:
+        """y = r + discount * (1 - terminated) * min_i Q'_i(s', a~'), `[B]`, no gradient."""
+        next_action = self.target_action(target_actor_params, batch.next_obs, key)
+        next_q = jnp.min(self.q_values(target_critic_params, batch.next_obs, next_action), axis=0)
+        not_done = 1.0 - batch.terminated.astype(jnp.float32)
+        target = batch.reward + self.config.discount * not_done * next_q
+        return jax.lax.stop_gradient(target)
+
+    def critic_loss(
+        self, critic_params: Params, target_q: Array, batch: Transition
+    ) -> tuple[Array, Array]:
+        """Sum over critic heads of the mean squared TD error; aux = mean Q."""
+        q = self.q_values(critic_params, batch.obs, batch.action)  # [num_critics, B]
+        loss = jnp.sum(jnp.mean(jnp.square(q - target_q[None]), axis=-1))
+        return loss, jnp.mean(q)
+
+    def _apply_critic_grads(self, critic: CriticState, grads: Params) -> CriticState:
+        updates, opt_state = self.critic_optimizer.update(grads, critic.opt_state, critic.params)
+        params = optax.apply_updates(critic.params, updates)
+        return dataclasses.replace(critic, params=params, opt_state=opt_state)
+
+    def critic_update(
+        self,
+        critic: CriticState,
+        target_actor_params: Params,
+        batch: Transition,
+        key: Array,
+    ) -> tuple[CriticState, dict[str, Array]]:
+        """One gradient step of the critic; its target network is left untouched."""
+        target_q = self.critic_target(critic.target_params, target_actor_params, batch, key)
+        (loss, q_mean), grads = jax.value_and_grad(self.critic_loss, has_aux=True)(
+            critic.params, target_q, batch
+        )
+        metrics = {"critic_loss": loss, "q_mean": q_mean, "target_q_mean": jnp.mean(target_q)}
+        return self._apply_critic_grads(critic, grads), metrics
+
+    def shared_critic_update(
+        self,
+        critic: CriticState,
+        target_actor_params: Params,
+        batches: Transition,
+        key: Array,
+    ) -> tuple[CriticState, dict[str, Array]]:
+        """One critic step on the mean loss over K actors (CEM-RL).
+
+        `target_actor_params` has leaves `[K, ...]`, `batches` leaves `[K, B, ...]`: actor k's
+        target policy builds the targets for batch k.
+        """
+        num_actors = jax.tree.leaves(batches)[0].shape[0]
+        keys = jax.random.split(key, num_actors)
+        target_q = jax.vmap(self.critic_target, in_axes=(None, 0, 0, 0))(
+            critic.target_params, target_actor_params, batches, keys
+        )  # [K, B]
+
+        def mean_loss(params):
+            losses, q_means = jax.vmap(self.critic_loss, in_axes=(None, 0, 0))(
+                params, target_q, batches
+            )
+            return jnp.mean(losses), jnp.mean(q_means)
+
+        (loss, q_mean), grads = jax.value_and_grad(mean_loss, has_aux=True)(critic.params)
+        metrics = {"critic_loss": loss, "q_mean": q_mean, "target_q_mean": jnp.mean(target_q)}
+        return self._apply_critic_grads(critic, grads), metrics
+
+    # ---- actor --------------------------------------------------------------------------------
+
+    def actor_loss(self, actor_params: Params, critic_params: Params, obs: Array) -> Array:
+        """-mean Q(s, pi(s)) with the first critic head, or the min over heads."""
+        q = self.q_values(critic_params, obs, self.policy(actor_params, obs))  # [num_critics, B]
+        q = q[0] if self.config.actor_loss_q == "first" else jnp.min(q, axis=0)
+        return -jnp.mean(q)
+
+    def actor_update(
+        self, actor: ActorState, critic_params: Params, batch: Transition
+    ) -> tuple[ActorState, dict[str, Array]]:
+        """One policy-gradient step against `critic_params`; the actor target is untouched."""
+        loss, grads = jax.value_and_grad(self.actor_loss)(actor.params, critic_params, batch.obs)
+        updates, opt_state = self.actor_optimizer.update(grads, actor.opt_state, actor.params)
+        params = optax.apply_updates(actor.params, updates)
+        actor = dataclasses.replace(actor, params=params, opt_state=opt_state)
+        return actor, {"actor_loss": loss}
+
+    # ---- targets and the full step ------------------------------------------------------------
+
+    def update_target(self, state: _NetState) -> _NetState:
+        """Soft update of the target network held in an `ActorState` or `CriticState`."""
+        target_params = soft_update(state.target_params, state.params, self.config.tau)
+        return dataclasses.replace(state, target_params=target_params)
+
+    def update(
+        self, state: TD3State, batch: Transition, key: Array
+    ) -> tuple[TD3State, dict[str, Array]]:
+        """One TD3 gradient step on `batch` (leaves `[B, ...]`).
+
+        Metrics: critic_loss, q_mean, target_q_mean, actor_loss (the current actor loss, also
+        reported on steps without an actor update) and actor_updated (0/1).
+        """
+        critic, metrics = self.critic_update(state.critic, state.actor.target_params, batch, key)
+        step = state.step + 1
+        do_actor = step % self.config.actor_update_interval == 0
+
+        def with_actor(actor, critic):
+            actor, actor_metrics = self.actor_update(actor, critic.params, batch)
+            return (
+                self.update_target(actor),
+                self.update_target(critic),
+                actor_metrics["actor_loss"],
+            )
+
+        def without_actor(actor, critic):
+            return actor, critic, self.actor_loss(actor.params, critic.params, batch.obs)
+
+        actor, critic, actor_loss = jax.lax.cond(
+            do_actor, with_actor, without_actor, state.actor, critic
+        )
+        metrics = {
+            **metrics,
+            "actor_loss": actor_loss,
+            "actor_updated": do_actor.astype(jnp.float32),
+        }
+        return TD3State(actor=actor, critic=critic, step=step), metrics
+
+    def update_many(
+        self,
+        state: TD3State,
+        buffer_state: ReplayState,
+        buffer: ReplayBuffer,
+        key: Array,
+        num_updates: int,
+    ) -> tuple[TD3State, dict[str, Array]]:
+        """`num_updates` (static) calls of `update`, each on a fresh batch from the buffer.
+
+        Runs as one `lax.scan`; returns the final state and the metrics averaged over the steps.
+        """
+
+        def body(state, step_key):
+            sample_key, update_key = jax.random.split(step_key)
+            batch = buffer.sample(buffer_state, sample_key)
+            return self.update(state, batch, update_key)
+
+        state, metrics = jax.lax.scan(body, state, jax.random.split(key, num_updates))
+        return state, _mean_metrics(metrics)
