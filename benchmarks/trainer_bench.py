@@ -1,0 +1,155 @@
+"""Throughput of the trainer's workflows: JIT compile time, generations/s and env steps/s.
+
+    .venv/bin/python benchmarks/trainer_bench.py                       # the defaults below
+    .venv/bin/python benchmarks/trainer_bench.py --envs pendulum --algos cemrl \
+        --rl-pop-size 50 --updates 2000 --generations 5               # enlarge
+
+Every configuration is built with `make_workflow`, its `step` jitted and compiled ahead of time
+(`lower(state).compile()`, timed as the compile time), run once untimed, then timed over
+`--generations` generations. Env steps are agent steps (one per policy action), counted by the
+workflow itself; for ERL they include the RL agents' exploratory episodes. The RL algorithms
+use the TD3 paper's networks (256, 256) unless `--hidden` says otherwise.
+
+Prints one markdown table row per configuration, ready to paste into benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+
+import jax
+
+from evokube_trainer.agents import TD3Config
+from evokube_trainer.workflows import (
+    CEMRLConfig,
+    ECConfig,
+    EnvConfig,
+    ERLConfig,
+    ReplayConfig,
+    make_workflow,
+)
+
+ENVS = {
+    "pendulum": "gymnax/Pendulum-v1",
+    "halfcheetah": "brax/halfcheetah",
+}
+DEFAULT_EPISODE_LENGTH = {"pendulum": 200, "halfcheetah": 1000}
+
+
+def build_config(algo: str, env_name: str, args: argparse.Namespace):
+    env = EnvConfig(
+        ENVS[env_name],
+        episode_length=args.episode_length or DEFAULT_EPISODE_LENGTH[env_name],
+        episodes_per_member=1,
+        eval_episodes=1,
+    )
+    hidden = tuple(args.hidden)
+    td3 = TD3Config(actor_hidden_sizes=hidden, critic_hidden_sizes=hidden)
+    replay = ReplayConfig(capacity=args.replay_capacity, batch_size=256, warmup_steps=1000)
+    if algo == "openes":
+        return ECConfig(
+            env=env, pop_size=args.es_pop_size, optimizer="open_es", actor_hidden_sizes=hidden
+        )
+    if algo == "cemrl":
+        return CEMRLConfig(
+            env=env,
+            pop_size=args.rl_pop_size,
+            td3=td3,
+            updates_per_generation=args.updates,
+            replay=replay,
+        )
+    if algo == "erl":
+        return ERLConfig(
+            env=env,
+            pop_size=args.rl_pop_size,
+            optimizer_options={"num_elites": max(1, args.rl_pop_size // 5)},
+            num_agents=args.erl_agents,
+            td3=td3,
+            updates_per_generation=args.updates,
+            replay=replay,
+        )
+    raise ValueError(algo)
+
+
+def population_label(algo: str, config) -> str:
+    if algo == "cemrl":
+        return f"{config.pop_size} ({config.pop_size // 2} TD3 actors)"
+    if algo == "erl":
+        return f"{config.pop_size} + {config.num_agents} TD3 agent(s)"
+    return str(config.pop_size)
+
+
+def bench(algo: str, env_name: str, args: argparse.Namespace) -> dict:
+    config = build_config(algo, env_name, args)
+    workflow = make_workflow(config)
+    start = time.perf_counter()
+    state = jax.block_until_ready(jax.jit(workflow.init)(jax.random.PRNGKey(0)))
+    init_s = time.perf_counter() - start
+
+    start = time.perf_counter()
+    step = jax.jit(workflow.step).lower(state).compile()
+    compile_s = time.perf_counter() - start
+
+    state, _ = jax.block_until_ready(step(state))  # one untimed generation
+    steps_before = int(state.env_steps)
+    start = time.perf_counter()
+    for _ in range(args.generations):
+        state, metrics = step(state)
+    jax.block_until_ready(metrics)
+    elapsed = time.perf_counter() - start
+    env_steps = int(state.env_steps) - steps_before
+    updates = getattr(workflow.learner, "num_updates", 0)
+    return {
+        "algo": {"openes": "OpenES", "cemrl": "CEM-RL", "erl": "ERL-GA"}[algo],
+        "env": f"{ENVS[env_name]} (T={workflow.rollout.episode_length})",
+        "pop": population_label(algo, config),
+        "updates": str(updates) if updates else "-",
+        "init_s": init_s,
+        "compile_s": compile_s,
+        "gen_per_s": args.generations / elapsed,
+        "steps_per_s": env_steps / elapsed,
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
+    parser.add_argument("--algos", nargs="+", default=["cemrl", "erl", "openes"])
+    parser.add_argument("--generations", type=int, default=3, help="timed generations")
+    parser.add_argument("--episode-length", type=int, default=None, help="override T")
+    parser.add_argument("--es-pop-size", type=int, default=32)
+    parser.add_argument("--rl-pop-size", type=int, default=10)
+    parser.add_argument("--erl-agents", type=int, default=1)
+    parser.add_argument("--updates", type=int, default=256, help="TD3 steps per generation")
+    parser.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
+    parser.add_argument("--replay-capacity", type=int, default=200_000)
+    args = parser.parse_args(argv)
+
+    print(
+        f"# jax {jax.__version__} on {jax.devices()[0].platform} ({len(jax.devices())} device), "
+        f"{os.cpu_count()} CPUs, {platform.machine()}; load average at start "
+        f"{os.getloadavg()[0]:.1f}; {args.generations} timed generations per row"
+    )
+    header = (
+        "| algorithm | env | population | TD3 steps/gen | init+warm-up s | compile s "
+        "| generations/s | env steps/s |"
+    )
+    print(header)
+    print("|" + "---|" * 8)
+    for env_name in args.envs:
+        for algo in args.algos:
+            row = bench(algo, env_name, args)
+            print(
+                f"| {row['algo']} | {row['env']} | {row['pop']} | {row['updates']} "
+                f"| {row['init_s']:.1f} | {row['compile_s']:.1f} | {row['gen_per_s']:.3g} "
+                f"| {row['steps_per_s']:,.0f} |",
+                flush=True,
+            )
+    print(f"# load average at end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Workflows: one generation loop for EC, ERL and CEM-RL.
+
+    workflow = make_workflow(CEMRLConfig(env=EnvConfig("gymnax/Pendulum-v1")))
+    state = workflow.init(jax.random.PRNGKey(0))
+    state = workflow.learn(state, stop=Stop(generations=50), recorders=[ConsoleRecorder()])
+
+`Workflow.step` (one generation) and `Workflow.evaluate` are pure; `jit_workflow` jits them and
+`learn` drives them from the host. States save and restore with `save_state`/`restore_state`.
+"""
+
+from evokube_trainer.workflows._checkpoint import (
+    checkpoint_every,
+    restore_state,
+    save_state,
+    state_from_numpy,
+    state_to_numpy,
+)
+from evokube_trainer.workflows._configs import (
+    OPTIMIZERS,
+    CEMRLConfig,
+    ECConfig,
+    EnvConfig,
+    ERLConfig,
+    ReplayConfig,
+    episode_length_of,
+    make_optimizer,
+    make_workflow,
+)
+from evokube_trainer.workflows._learners import (
+    IndependentTD3,
+    Learner,
+    SharedCriticState,
+    SharedCriticTD3,
+)
+from evokube_trainer.workflows._rollout import PopulationRollout, RolloutResult, random_transitions
+from evokube_trainer.workflows._workflow import (
+    JittedWorkflow,
+    Stop,
+    Workflow,
+    WorkflowState,
+    jit_workflow,
+)
+
+__all__ = [
+    "OPTIMIZERS",
+    "CEMRLConfig",
+    "ECConfig",
+    "ERLConfig",
+    "EnvConfig",
+    "IndependentTD3",
+    "JittedWorkflow",
+    "Learner",
+    "PopulationRollout",
+    "ReplayConfig",
+    "RolloutResult",
+    "SharedCriticState",
+    "SharedCriticTD3",
+    "Stop",
+    "Workflow",
+    "WorkflowState",
+    "checkpoint_every",
+    "episode_length_of",
+    "jit_workflow",
+    "make_optimizer",
+    "make_workflow",
+    "random_transitions",
+    "restore_state",
+    "save_state",
+    "state_from_numpy",
+    "state_to_numpy",
+]

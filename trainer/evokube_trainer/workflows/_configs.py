@@ -1,0 +1,246 @@
+"""Algorithm configs (plain frozen dataclasses) and `make_workflow`, which builds the static
+`Workflow` from one. The runtime maps an ERLExperiment manifest onto these fields.
+
+Each config names its EC optimizer (`optimizer`, see `OPTIMIZERS`) and passes the optimizer's
+own hyperparameters through `optimizer_options`; everything else is a field with its default:
+
+* `ECConfig`     pure evolution of a deterministic MLP actor (OpenES, CMA-ES, GA, ...).
+* `ERLConfig`    ERL: an optimizer (the GA by default; OpenES gives ERL-ES, SepCEM ERL-EDA)
+                 plus K independent TD3 agents injected every `injection_interval` generations.
+* `CEMRLConfig`  CEM-RL: SepCEM plus K actors trained against one shared critic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from evokube_trainer.agents import TD3, Actor, ParamFlattener, TD3Config
+from evokube_trainer.ec import ARS, CMAES, GA, EvoOptimizer, OpenES, SepCEM, SepCMAES, VanillaES
+from evokube_trainer.envs import AutoReset, Box, Env, make_env
+from evokube_trainer.replay import ReplayBuffer
+from evokube_trainer.workflows._learners import IndependentTD3, SharedCriticTD3
+from evokube_trainer.workflows._rollout import PopulationRollout
+from evokube_trainer.workflows._workflow import Workflow
+
+Array = jax.Array
+
+OPTIMIZERS: Mapping[str, type[EvoOptimizer]] = {
+    "open_es": OpenES,
+    "vanilla_es": VanillaES,
+    "ars": ARS,
+    "sep_cem": SepCEM,
+    "cma_es": CMAES,
+    "sep_cma_es": SepCMAES,
+    "ga": GA,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvConfig:
+    """The task and how candidates are scored on it."""
+
+    name: str = "gymnax/Pendulum-v1"  # "gymnax/<id>" or "brax/<name>"
+    episode_length: int | None = None  # agent steps per episode; None: the env's own limit
+    episodes_per_member: int = 1  # K: fitness = reduction of K episode returns
+    eval_episodes: int = 10  # episodes `Workflow.evaluate` plays with the deployable policy
+    action_repeat: int = 1
+    reward_scale: float = 1.0  # scales the rewards stored for the critic; fitness is unscaled
+    backend: str | None = None  # Brax physics pipeline; None for the env's default
+
+    def __post_init__(self):
+        if self.episodes_per_member < 1 or self.eval_episodes < 1:
+            raise ValueError("episodes_per_member and eval_episodes must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayConfig:
+    """The shared replay buffer and the random-policy warm-up that pre-fills it."""
+
+    capacity: int = 1_000_000
+    batch_size: int = 256
+    warmup_steps: int = 10_000  # random transitions added by `init` (rounded up to warmup_envs)
+    warmup_envs: int = 10  # parallel envs playing the warm-up
+    learning_starts: int | None = None  # buffer size before gradient steps; None: batch_size
+
+
+@dataclasses.dataclass(frozen=True)
+class _PopulationConfig:
+    env: EnvConfig = EnvConfig()
+    pop_size: int = 10
+    optimizer: str = "open_es"
+    optimizer_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    fitness_reduction: str = "mean"  # "mean", "min", "max" or "median" over the K episodes
+
+    def __post_init__(self):
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; expected one of {OPTIMIZERS}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ECConfig(_PopulationConfig):
+    """Pure evolution of a deterministic MLP actor."""
+
+    pop_size: int = 64
+    actor_hidden_sizes: tuple[int, ...] = (64, 64)
+
+
+@dataclasses.dataclass(frozen=True)
+class ERLConfig(_PopulationConfig):
+    """ERL (Khadka & Tumer, 2018). The actor architecture is `td3.actor_hidden_sizes`.
+
+    `updates_per_generation`: TD3 gradient steps per agent and generation; None takes the
+    number of agent steps one generation samples when no episode ends early (ERL's ratio of
+    one update per new transition).
+    """
+
+    optimizer: str = "ga"
+    num_agents: int = 1  # K independent TD3 agents, each with its own critic
+    td3: TD3Config = dataclasses.field(default_factory=TD3Config)
+    updates_per_generation: int | None = None
+    injection_interval: int = 1  # RL actors replace the worst members every this many gens
+    replay: ReplayConfig = ReplayConfig()
+
+
+@dataclasses.dataclass(frozen=True)
+class CEMRLConfig(_PopulationConfig):
+    """CEM-RL (Pourchot & Sigaud, 2019). The actor architecture is `td3.actor_hidden_sizes`.
+
+    `num_actors`: members trained by TD3 each generation (the first ones; half the population
+    when None). `updates_per_generation`: shared-critic steps per generation; None as in ERL.
+    """
+
+    optimizer: str = "sep_cem"
+    num_actors: int | None = None
+    td3: TD3Config = dataclasses.field(default_factory=TD3Config)
+    updates_per_generation: int | None = None
+    replay: ReplayConfig = ReplayConfig()
+
+
+def make_optimizer(
+    name: str, pop_size: int, num_dims: int, options: Mapping[str, Any] | None = None
+) -> EvoOptimizer:
+    """The optimizer registered as `name`, over `num_dims` parameters."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; expected one of {sorted(OPTIMIZERS)}")
+    return OPTIMIZERS[name](pop_size=pop_size, num_dims=num_dims, **dict(options or {}))
+
+
+def episode_length_of(env: Env) -> int:
+    """The time limit of a `make_env` env (found on its `AutoReset` wrapper)."""
+    layer = env
+    while not isinstance(layer, AutoReset):
+        if not hasattr(layer, "env"):
+            raise ValueError(f"{type(env).__name__} has no AutoReset wrapper")
+        layer = layer.env
+    return layer.episode_length
+
+
+def _make(env_config: EnvConfig, num_envs: int, autoreset: str) -> Env:
+    return make_env(
+        env_config.name,
+        num_envs=num_envs,
+        episode_length=env_config.episode_length,
+        autoreset=autoreset,
+        backend=env_config.backend,
+        action_repeat=env_config.action_repeat,
+        reward_scale=env_config.reward_scale,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Actor:
+    """Initialization of one actor network (a hashable stand-in for a closure)."""
+
+    network: Actor
+    obs_dim: int
+
+    def init(self, key: Array) -> Any:
+        return self.network.init(key, jnp.zeros((self.obs_dim,), jnp.float32))
+
+
+def make_workflow(config: ECConfig | ERLConfig | CEMRLConfig) -> Workflow:
+    """Builds the static workflow for `config`. Envs are created here (Brax: seconds each)."""
+    env_config = config.env
+    fitness_env = _make(env_config, env_config.episodes_per_member, "disabled")
+    eval_env = _make(env_config, env_config.eval_episodes, "disabled")
+    episode_length = episode_length_of(fitness_env)
+    obs_dim, action_dim = fitness_env.obs_dim, fitness_env.action_dim
+
+    td3 = None
+    if isinstance(config, ECConfig):
+        actor = _Actor(Actor(action_dim, tuple(config.actor_hidden_sizes)), obs_dim)
+        init_params, policy = actor.init, actor.network.apply
+    elif isinstance(config, ERLConfig | CEMRLConfig):
+        if not isinstance(fitness_env.action_space, Box):
+            raise ValueError(f"TD3 needs continuous actions; {env_config.name} has discrete ones")
+        td3 = TD3(config.td3, obs_dim, action_dim)
+        init_params, policy = td3.init_actor_params, td3.policy
+    else:
+        raise TypeError(f"no workflow for config type {type(config).__name__}")
+
+    flattener = ParamFlattener.from_params(init_params(jax.random.PRNGKey(0)))
+    optimizer = make_optimizer(
+        config.optimizer, config.pop_size, flattener.num_dims, config.optimizer_options
+    )
+    fitness_rollout = PopulationRollout(fitness_env, policy, flattener.unflatten, episode_length)
+    evaluator = PopulationRollout(eval_env, policy, flattener.unflatten, episode_length)
+    common = dict(
+        optimizer=optimizer,
+        rollout=fitness_rollout,
+        evaluator=evaluator,
+        init_params=init_params,
+        flatten=flattener.flatten,
+        fitness_reduction=config.fitness_reduction,
+    )
+    if td3 is None:
+        return Workflow(**common)
+
+    replay = config.replay
+    buffer = ReplayBuffer(replay.capacity, replay.batch_size)
+    learning_starts = (
+        replay.batch_size if replay.learning_starts is None else replay.learning_starts
+    )
+    if isinstance(config, ERLConfig):
+        num_rollouts = config.pop_size + config.num_agents
+    else:
+        num_rollouts = config.pop_size
+    steps_per_generation = num_rollouts * env_config.episodes_per_member * episode_length
+    num_updates = config.updates_per_generation or steps_per_generation
+    if isinstance(config, ERLConfig):
+        learner = IndependentTD3(
+            td3=td3,
+            buffer=buffer,
+            flatten=flattener.flatten,
+            num_agents=config.num_agents,
+            num_updates=num_updates,
+            injection_interval=config.injection_interval,
+            learning_starts=learning_starts,
+        )
+    else:
+        num_actors = config.pop_size // 2 if config.num_actors is None else config.num_actors
+        if not 1 <= num_actors <= config.pop_size:
+            raise ValueError(f"num_actors must lie in [1, {config.pop_size}], got {num_actors}")
+        learner = SharedCriticTD3(
+            td3=td3,
+            buffer=buffer,
+            flatten=flattener.flatten,
+            unflatten=flattener.unflatten,
+            num_dims=flattener.num_dims,
+            num_actors=num_actors,
+            num_updates=num_updates,
+            learning_starts=learning_starts,
+        )
+    warmup_env = _make(env_config, replay.warmup_envs, "same_step") if replay.warmup_steps else None
+    return Workflow(
+        **common,
+        learner=learner,
+        buffer=buffer,
+        warmup_env=warmup_env,
+        warmup_steps_per_env=math.ceil(replay.warmup_steps / replay.warmup_envs),
+    )

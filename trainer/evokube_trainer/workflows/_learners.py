@@ -1,0 +1,241 @@
+"""The gradient side of ERL: how RL learners plug into the one generation loop.
+
+A learner is a static object with four pure methods, called by `Workflow.step` in this order:
+
+    state, population, m = learner.improve(state, replay_state, population, key)
+        # gradient steps from the shared replay buffer; may rewrite members (CEM-RL)
+    actors, noise_std = learner.actors(state)
+        # [k, D] extra actors rolled out next to the population, with their exploration noise
+    population, fitness, m = learner.merge(state, generation, population, fitness, actor_fitness)
+        # after evaluation, before `tell`: e.g. inject RL actors in place of the worst members
+
+Two learners cover the published algorithms:
+
+* `IndependentTD3` (ERL, Khadka & Tumer 2018): K independent TD3 agents (actor AND critic each),
+  stacked along a leading `[K]` axis and updated with `vmap`; their noisy rollouts feed the buffer
+  and, every `injection_interval` generations, they replace the K worst members.
+* `SharedCriticTD3` (CEM-RL, Pourchot & Sigaud 2019): ONE critic; the first K members of every
+  population are trained against it and written back before evaluation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from evokube_trainer.agents import TD3, CriticState, TD3State
+from evokube_trainer.ec import replace_worst
+from evokube_trainer.replay import ReplayBuffer, ReplayState
+
+Array = jax.Array
+Metrics = dict[str, Array]
+
+
+class Learner(Protocol):
+    """What `Workflow` needs from a learner (see the module docstring)."""
+
+    def init(self, key: Array) -> Any: ...
+
+    def improve(
+        self, state: Any, replay: ReplayState, population: Array, key: Array
+    ) -> tuple[Any, Array, Metrics]: ...
+
+    def actors(self, state: Any) -> tuple[Array, Array]: ...
+
+    def merge(
+        self, state: Any, generation: Array, population: Array, fitness: Array, actor_fitness: Array
+    ) -> tuple[Array, Array, Metrics]: ...
+
+
+def _when_ready(ready: Array, train: Callable[[Any], tuple[Any, Metrics]], state: Any):
+    """`train(state)` if `ready` (a traced bool), else `state` unchanged and zero metrics."""
+
+    def skip(state):
+        _, metric_shapes = jax.eval_shape(train, state)
+        return state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
+
+    return jax.lax.cond(ready, train, skip, state)
+
+
+def _prefixed(metrics: Metrics, prefix: str = "rl/") -> Metrics:
+    return {prefix + name: value for name, value in metrics.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class IndependentTD3:
+    """K independent TD3 agents learning from one shared buffer (ERL).
+
+    `num_updates` gradient steps per agent and generation (TD3's delayed actor updates
+    included); agents start learning once the buffer holds `learning_starts` transitions.
+    """
+
+    td3: TD3
+    buffer: ReplayBuffer
+    flatten: Callable[[Any], Array]  # actor params -> [D]
+    num_agents: int
+    num_updates: int
+    injection_interval: int
+    learning_starts: int
+
+    def __post_init__(self):
+        if self.num_agents < 1:
+            raise ValueError(f"num_agents must be >= 1, got {self.num_agents}")
+        if self.injection_interval < 1:
+            raise ValueError(f"injection_interval must be >= 1, got {self.injection_interval}")
+
+    def init(self, key: Array) -> TD3State:
+        """K agents with their own actor and critic, leaves `[K, ...]`."""
+        return jax.vmap(self.td3.init)(jax.random.split(key, self.num_agents))
+
+    def improve(
+        self, state: TD3State, replay: ReplayState, population: Array, key: Array
+    ) -> tuple[TD3State, Array, Metrics]:
+        def train(state: TD3State):
+            def one_agent(agent: TD3State, agent_key: Array):
+                return self.td3.update_many(agent, replay, self.buffer, agent_key, self.num_updates)
+
+            state, metrics = jax.vmap(one_agent)(state, jax.random.split(key, self.num_agents))
+            return state, jax.tree.map(jnp.mean, metrics)  # mean over the K agents
+
+        ready = self.buffer.can_sample(replay, self.learning_starts)
+        state, metrics = _when_ready(ready, train, state)
+        return state, population, _prefixed(metrics)
+
+    def actors(self, state: TD3State) -> tuple[Array, Array]:
+        flat = jax.vmap(self.flatten)(state.actor.params)  # [K, D]
+        noise = jnp.full((self.num_agents,), self.td3.config.exploration_noise, jnp.float32)
+        return flat, noise
+
+    def merge(
+        self,
+        state: TD3State,
+        generation: Array,
+        population: Array,
+        fitness: Array,
+        actor_fitness: Array,
+    ) -> tuple[Array, Array, Metrics]:
+        """Every `injection_interval` generations the K actors replace the K worst members,
+        taking the fitness of their own (exploratory) rollouts with them."""
+        inject = (generation + 1) % self.injection_interval == 0
+        actors, _ = self.actors(state)
+        injected, slots = replace_worst(population, fitness, actors)  # slots [K]
+        population = jnp.where(inject, injected, population)
+        fitness = jnp.where(inject, fitness.at[slots].set(actor_fitness), fitness)
+        metrics = {
+            "rl/actor_return_mean": jnp.mean(actor_fitness),
+            "rl/actor_return_max": jnp.max(actor_fitness),
+            "rl/injected": inject.astype(jnp.float32),
+        }
+        return population, fitness, metrics
+
+
+@struct.dataclass
+class SharedCriticState:
+    critic: CriticState  # the one critic, params leaves [num_critics, ...]
+    step: Array  # [] int32 critic gradient steps so far (drives the delayed actor updates)
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedCriticTD3:
+    """CEM-RL: the first `num_actors` members of each population are trained with TD3 against
+    one shared critic, then written back in place before evaluation.
+
+    Each generation, `num_updates` times: every actor gets its own replay batch; the critic
+    takes one step on the mean of the per-actor TD3 losses (each actor's target policy builds
+    the targets of its batch); every `actor_update_interval` critic steps, each actor takes a
+    policy-gradient step against the shared critic and all targets are soft-updated. Actors
+    start from the sampled parameters with a fresh target and Adam state each generation.
+    """
+
+    td3: TD3
+    buffer: ReplayBuffer
+    flatten: Callable[[Any], Array]  # actor params -> [D]
+    unflatten: Callable[[Array], Any]  # [D] -> actor params
+    num_dims: int  # D
+    num_actors: int
+    num_updates: int
+    learning_starts: int
+
+    def __post_init__(self):
+        if self.num_actors < 1:
+            raise ValueError(f"num_actors must be >= 1, got {self.num_actors}")
+
+    def init(self, key: Array) -> SharedCriticState:
+        return SharedCriticState(critic=self.td3.init_critic(key), step=jnp.zeros((), jnp.int32))
+
+    def improve(
+        self, state: SharedCriticState, replay: ReplayState, population: Array, key: Array
+    ) -> tuple[SharedCriticState, Array, Metrics]:
+        td3, k = self.td3, self.num_actors
+        interval = td3.config.actor_update_interval
+        params = jax.vmap(self.unflatten)(population[:k])  # leaves [K, ...]
+        actors = jax.vmap(td3.actor_state_from_params)(params)
+
+        def one_update(carry, step_key):
+            critic, actors, step = carry
+            sample_key, critic_key = jax.random.split(step_key)
+            sample_keys = jax.random.split(sample_key, k)
+            batches = jax.vmap(self.buffer.sample, in_axes=(None, 0))(replay, sample_keys)  # [K, B]
+            critic, metrics = td3.shared_critic_update(
+                critic, actors.target_params, batches, critic_key
+            )
+            step = step + 1
+
+            def with_actors(critic, actors):
+                actors, actor_metrics = jax.vmap(td3.actor_update, in_axes=(0, None, 0))(
+                    actors, critic.params, batches
+                )
+                actors = jax.vmap(td3.update_target)(actors)
+                return td3.update_target(critic), actors, jnp.mean(actor_metrics["actor_loss"])
+
+            def without_actors(critic, actors):
+                return critic, actors, jnp.zeros((), jnp.float32)
+
+            updated = step % interval == 0
+            critic, actors, actor_loss = jax.lax.cond(
+                updated, with_actors, without_actors, critic, actors
+            )
+            metrics = {**metrics, "actor_loss": actor_loss, "actor_updated": updated}
+            return (critic, actors, step), metrics
+
+        def train(carry):
+            keys = jax.random.split(key, self.num_updates)
+            carry, metrics = jax.lax.scan(one_update, carry, keys)
+            updated = metrics.pop("actor_updated").astype(jnp.float32)  # [U]
+            summary = jax.tree.map(jnp.mean, metrics)
+            # The actor loss averaged over the steps that really updated the actors.
+            summary["actor_loss"] = jnp.sum(metrics["actor_loss"] * updated) / jnp.maximum(
+                jnp.sum(updated), 1.0
+            )
+            return carry, summary
+
+        ready = self.buffer.can_sample(replay, self.learning_starts)
+        (critic, actors, step), metrics = _when_ready(
+            ready, train, (state.critic, actors, state.step)
+        )
+        trained = jax.vmap(self.flatten)(actors.params)  # [K, D]
+        population = population.at[:k].set(trained)
+        return SharedCriticState(critic=critic, step=step), population, _prefixed(metrics)
+
+    def actors(self, state: SharedCriticState) -> tuple[Array, Array]:
+        del state  # no extra actors: the trained ones are population members
+        return jnp.zeros((0, self.num_dims), jnp.float32), jnp.zeros((0,), jnp.float32)
+
+    def merge(
+        self,
+        state: SharedCriticState,
+        generation: Array,
+        population: Array,
+        fitness: Array,
+        actor_fitness: Array,
+    ) -> tuple[Array, Array, Metrics]:
+        del state, generation, actor_fitness
+        metrics = {"rl/trained_fitness_mean": jnp.mean(fitness[: self.num_actors])}
+        if fitness.shape[0] > self.num_actors:
+            metrics["rl/sampled_fitness_mean"] = jnp.mean(fitness[self.num_actors :])
+        return population, fitness, metrics

@@ -1,0 +1,118 @@
+"""Rollouts of whole populations of deterministic actors, and random warm-up data.
+
+`PopulationRollout.run` plays `K` fixed-length episodes for each of `N` flat parameter vectors
+at once: the population axis is a `vmap` over the batched env (`K` copies in "disabled"
+autoreset mode, so each copy plays exactly one episode and then freezes), and time is a
+`lax.scan` of `episode_length` steps. Nothing loops over individuals in Python.
+
+Shapes: `N` members, `K` episodes per member, `T` steps per episode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from evokube_trainer.envs import Env, EnvState
+from evokube_trainer.replay import Transition
+
+Array = jax.Array
+Params = Any
+PolicyFn = Callable[[Params, Array], Array]  # (params, obs [..., obs_dim]) -> action [..., act]
+
+
+@struct.dataclass
+class RolloutResult:
+    episode_returns: Array  # [N, K] undiscounted, unscaled return of each episode
+    episode_lengths: Array  # [N, K] int32 agent steps until the episode ended
+    env_steps: Array  # [] int32 agent steps actually taken (frozen envs excluded)
+    transitions: Transition | None  # leaves [T, N, K, ...] when collected, else None
+    valid: Array | None  # [T, N, K] float32 1 where a transition really happened
+
+
+def transition_from_step(obs: Array, action: Array, nxt: EnvState) -> Transition:
+    """The transition `obs --action--> nxt`, with the true next obs (before any reset)."""
+    return Transition(
+        obs=obs,
+        action=action,
+        reward=nxt.reward,
+        next_obs=nxt.info["final_obs"],
+        terminated=nxt.terminated,
+        truncated=nxt.truncated,
+    )
+
+
+def flatten_leading(tree: Any, num_axes: int) -> Any:
+    """Merges the first `num_axes` axes of every leaf into one."""
+    return jax.tree.map(lambda x: x.reshape((-1, *x.shape[num_axes:])), tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class PopulationRollout:
+    """Plays `env.num_envs` episodes (K) for every member of a population of actors.
+
+    `env` must be batched with autoreset "disabled" and a time limit of `episode_length`, so
+    after `episode_length` steps every episode has ended and its return is final.
+    `unflatten` maps one flat vector `[D]` to the policy's parameters.
+    """
+
+    env: Env
+    policy: PolicyFn
+    unflatten: Callable[[Array], Params]
+    episode_length: int
+
+    def run(
+        self,
+        flat_params: Array,
+        noise_std: Array,
+        key: Array,
+        *,
+        collect_transitions: bool = False,
+    ) -> RolloutResult:
+        """`flat_params` `[N, D]`; `noise_std` `[N]` Gaussian action noise per member (0 for
+        the deterministic policy)."""
+        num_members = flat_params.shape[0]
+        params = jax.vmap(self.unflatten)(flat_params)  # leaves [N, ...]
+        reset_key, noise_key = jax.random.split(key)
+        env_state = jax.vmap(self.env.reset)(jax.random.split(reset_key, num_members))  # [N, K]
+
+        def one_step(state: EnvState, step_key: Array):
+            obs = state.obs  # [N, K, obs]
+            action = jax.vmap(self.policy)(params, obs)  # [N, K, act]
+            noise = jax.random.normal(step_key, action.shape, action.dtype)
+            action = jnp.clip(action + noise_std[:, None, None] * noise, -1.0, 1.0)
+            nxt = jax.vmap(self.env.step)(state, action)
+            valid = 1.0 - nxt.info["frozen"]  # [N, K]
+            transition = transition_from_step(obs, action, nxt) if collect_transitions else None
+            return nxt, (transition, valid)
+
+        step_keys = jax.random.split(noise_key, self.episode_length)
+        final, (transitions, valid) = jax.lax.scan(one_step, env_state, step_keys)
+        return RolloutResult(
+            episode_returns=final.info["episode_return"],  # [N, K]
+            episode_lengths=final.info["episode_length"],  # [N, K]
+            env_steps=jnp.sum(valid).astype(jnp.int32),
+            transitions=transitions,  # [T, N, K, ...] or None
+            valid=valid if collect_transitions else None,  # [T, N, K]
+        )
+
+
+def random_transitions(env: Env, num_steps: int, key: Array) -> Transition:
+    """`num_steps` steps of uniform random actions in [-1, 1] on the batched env `env` (which
+    should reset itself, e.g. autoreset "same_step"). Returns leaves `[num_steps * B, ...]`."""
+    reset_key, action_key = jax.random.split(key)
+    state = env.reset(reset_key)  # [B]
+    action_shape = (env.num_envs, env.action_dim)
+
+    def one_step(state: EnvState, step_key: Array):
+        action = jax.random.uniform(step_key, action_shape, jnp.float32, -1.0, 1.0)  # [B, act]
+        nxt = env.step(state, action)
+        return nxt, transition_from_step(state.obs, action, nxt)
+
+    _, transitions = jax.lax.scan(one_step, state, jax.random.split(action_key, num_steps))
+    return flatten_leading(transitions, 2)  # [num_steps * B, ...]

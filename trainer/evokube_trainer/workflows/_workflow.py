@@ -1,0 +1,311 @@
+"""The one generation loop shared by every algorithm.
+
+`Workflow` is static logic (a frozen dataclass built by `make_workflow` from a config);
+`WorkflowState` is the pytree it threads through. One generation is
+
+    population   = optimizer.ask                          # [pop, D]
+    (RL learners) learner.improve: gradient steps on the shared replay buffer, may rewrite
+                  members of the population (CEM-RL)
+    rollouts     = the population plus the learner's extra actors, K episodes each, one vmapped
+                  computation; transitions go to the replay buffer
+    (RL learners) learner.merge: e.g. RL actors replace the worst members (ERL)
+    optimizer.tell(population, fitness)
+
+Pure EC has no learner and no buffer; ERL and CEM-RL differ only in the learner they plug in
+(see `_learners.py`) and in the optimizer. `step` is pure and jittable as one computation;
+`jit_workflow` jits it (callers own the jitted functions, nothing is cached on the object) and
+`learn` is the host loop: timing, evaluation, recorders and a per-generation hook for
+checkpoints all stay on the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from evokube_trainer.ec import EvoOptimizer, GAState
+from evokube_trainer.envs import Env
+from evokube_trainer.recorders import Recorder
+from evokube_trainer.replay import ReplayBuffer, ReplayState, Transition
+from evokube_trainer.utils import episode_returns_to_fitness
+from evokube_trainer.workflows._learners import Learner
+from evokube_trainer.workflows._rollout import (
+    PopulationRollout,
+    flatten_leading,
+    random_transitions,
+)
+
+Array = jax.Array
+Params = Any
+Metrics = dict[str, Array]
+
+
+@struct.dataclass
+class WorkflowState:
+    generation: Array  # [] int32 generations completed
+    env_steps: Array  # [] int32 agent steps sampled so far, warm-up included (< 2**31)
+    key: Array  # [2] uint32 PRNG key, split once per generation
+    ec: Any  # the EC optimizer's state (search distribution or population)
+    learner: Any = None  # the RL learner's state; None for pure EC
+    replay: ReplayState | None = None  # the shared replay buffer; None for pure EC
+
+
+@dataclasses.dataclass(frozen=True)
+class Workflow:
+    """One evolutionary (and optionally RL) training loop; see the module docstring.
+
+    Fields:
+      optimizer: EC optimizer over flat actor parameters `[D]`.
+      rollout: plays the K fitness episodes of each candidate.
+      evaluator: plays the evaluation episodes of the deployable policy.
+      init_params: key -> actor parameters (one network initialization).
+      flatten: actor parameters -> `[D]` (the inverse lives in the rollouts).
+      learner: the RL side (`IndependentTD3`, `SharedCriticTD3`), or None for pure EC.
+      buffer: the replay buffer the learner samples from (required with a learner).
+      warmup_env: batched self-resetting env for the random-policy warm-up.
+      warmup_steps_per_env: warm-up scan length; the buffer starts with
+        `warmup_steps_per_env * warmup_env.num_envs` random transitions.
+      fitness_reduction: how the K episode returns of a member become one fitness.
+    """
+
+    optimizer: EvoOptimizer
+    rollout: PopulationRollout
+    evaluator: PopulationRollout
+    init_params: Callable[[Array], Params]
+    flatten: Callable[[Params], Array]
+    learner: Learner | None = None
+    buffer: ReplayBuffer | None = None
+    warmup_env: Env | None = None
+    warmup_steps_per_env: int = 0
+    fitness_reduction: str = "mean"
+
+    def __post_init__(self):
+        if (self.learner is None) != (self.buffer is None):
+            raise ValueError("a learner needs a replay buffer and a buffer needs a learner")
+
+    @property
+    def env(self) -> Env:
+        return self.rollout.env
+
+    # ---- state ---------------------------------------------------------------------------------
+
+    def init(self, key: Array) -> WorkflowState:
+        """The first state; with a learner, also fills the buffer with random transitions."""
+        key, mean_key, ec_key, pop_key, learner_key, warmup_key = jax.random.split(key, 6)
+        mean = self.flatten(self.init_params(mean_key))  # [D]
+        ec_state = self.optimizer.init(ec_key, mean)
+        if isinstance(ec_state, GAState):
+            # A GA population starts as independent network initializations (as in ERL).
+            pop_keys = jax.random.split(pop_key, self.optimizer.pop_size)
+            population = jax.vmap(lambda k: self.flatten(self.init_params(k)))(pop_keys)
+            ec_state = ec_state.replace(population=population)  # [pop, D]
+        state = WorkflowState(
+            generation=jnp.zeros((), jnp.int32),
+            env_steps=jnp.zeros((), jnp.int32),
+            key=key,
+            ec=ec_state,
+        )
+        if self.learner is None:
+            return state
+        replay = self.buffer.init(self._example_transition())
+        if self.warmup_env is not None and self.warmup_steps_per_env > 0:
+            transitions = random_transitions(self.warmup_env, self.warmup_steps_per_env, warmup_key)
+            replay = self.buffer.add(replay, transitions)
+            num_random = self.warmup_steps_per_env * self.warmup_env.num_envs
+            state = state.replace(env_steps=jnp.asarray(num_random, jnp.int32))
+        return state.replace(learner=self.learner.init(learner_key), replay=replay)
+
+    def _example_transition(self) -> Transition:
+        obs = jnp.zeros((self.env.obs_dim,), jnp.float32)
+        scalar = jnp.zeros((), jnp.float32)
+        return Transition(
+            obs=obs,
+            action=jnp.zeros((self.env.action_dim,), jnp.float32),
+            reward=scalar,
+            next_obs=obs,
+            terminated=scalar,
+            truncated=scalar,
+        )
+
+    # ---- one generation ------------------------------------------------------------------------
+
+    def step(self, state: WorkflowState) -> tuple[WorkflowState, Metrics]:
+        """One generation; pure, so `jax.jit(workflow.step)` runs it as one computation."""
+        key, ask_key, learn_key, rollout_key = jax.random.split(state.key, 4)
+        population, ec_state = self.optimizer.ask(state.ec, ask_key)  # [pop, D]
+        pop_size = population.shape[0]
+        learner_state, replay, metrics = state.learner, state.replay, {}
+
+        if self.learner is not None:
+            learner_state, population, learn_metrics = self.learner.improve(
+                learner_state, replay, population, learn_key
+            )
+            metrics.update(learn_metrics)
+            extra, extra_noise = self.learner.actors(learner_state)  # [k, D], [k]
+        else:
+            extra = jnp.zeros((0, population.shape[1]), population.dtype)
+            extra_noise = jnp.zeros((0,), jnp.float32)
+
+        candidates = jnp.concatenate([population, extra])  # [pop + k, D]
+        noise_std = jnp.concatenate([jnp.zeros((pop_size,), jnp.float32), extra_noise])
+        result = self.rollout.run(
+            candidates, noise_std, rollout_key, collect_transitions=self.learner is not None
+        )
+        all_fitness = episode_returns_to_fitness(
+            result.episode_returns, reduction=self.fitness_reduction
+        )  # [pop + k]
+        fitness, actor_fitness = all_fitness[:pop_size], all_fitness[pop_size:]
+
+        if self.learner is not None:
+            transitions = flatten_leading(result.transitions, 3)  # [T * (pop + k) * K, ...]
+            replay = self.buffer.add(replay, transitions, result.valid.reshape(-1) > 0)
+            population, fitness, merge_metrics = self.learner.merge(
+                learner_state, state.generation, population, fitness, actor_fitness
+            )
+            metrics.update(merge_metrics)
+            metrics["replay/size"] = replay.size
+
+        ec_state, ec_metrics = self.optimizer.tell(ec_state, population, fitness)
+        state = WorkflowState(
+            generation=state.generation + 1,
+            env_steps=state.env_steps + result.env_steps,
+            key=key,
+            ec=ec_state,
+            learner=learner_state,
+            replay=replay,
+        )
+        metrics.update({"ec/" + name: value for name, value in ec_metrics.items()})
+        metrics["rollout/episode_length_mean"] = jnp.mean(
+            result.episode_lengths.astype(jnp.float32)
+        )
+        metrics["generation"] = state.generation
+        metrics["env_steps"] = state.env_steps
+        return state, metrics
+
+    # ---- evaluation ----------------------------------------------------------------------------
+
+    def deployable(self, state: WorkflowState) -> Array:
+        """The flat parameters `[D]` to deploy: the optimizer's `best` (mean or elite)."""
+        return self.optimizer.best(state.ec)
+
+    def evaluate(self, state: WorkflowState) -> Metrics:
+        """Returns of the deployable policy, acting deterministically, over the evaluator's
+        episodes. The key is derived from the state's, which is left unchanged."""
+        params = self.deployable(state)[None]  # [1, D]
+        key = jax.random.fold_in(state.key, 0x5EED)
+        result = self.evaluator.run(params, jnp.zeros((1,), jnp.float32), key)
+        returns = result.episode_returns[0]  # [E]
+        return {
+            "eval/return_mean": jnp.mean(returns),
+            "eval/return_std": jnp.std(returns),
+            "eval/return_min": jnp.min(returns),
+            "eval/return_max": jnp.max(returns),
+            "eval/episode_length_mean": jnp.mean(result.episode_lengths.astype(jnp.float32)),
+        }
+
+    # ---- host loop -----------------------------------------------------------------------------
+
+    def learn(
+        self,
+        state: WorkflowState,
+        *,
+        stop: Callable[[Mapping[str, float]], bool],
+        recorders: Iterable[Recorder] = (),
+        on_generation: Callable[[WorkflowState, Mapping[str, float]], None] | None = None,
+        eval_every: int = 1,
+        jitted: JittedWorkflow | None = None,
+    ) -> WorkflowState:
+        """Runs generations until `stop(metrics)` is true; returns the last state.
+
+        Host side, once per generation: fetch the step's metrics, evaluate the deployable policy
+        every `eval_every` generations (0: never), add timing metrics, write every recorder,
+        then call `on_generation(state, metrics)` (the checkpoint hook). Pass `jitted` to reuse
+        compiled functions across calls; recorders are not closed here. Timing metrics of the
+        first generation include compilation unless `jitted` has already run this workflow.
+        """
+        fns = jitted if jitted is not None else jit_workflow(self)
+        recorders = tuple(recorders)
+        env_steps = int(jax.device_get(state.env_steps))
+        while True:
+            start = time.perf_counter()
+            state, step_metrics = fns.step(state)
+            metrics = _to_host(step_metrics)  # waits for the generation to finish
+            step_seconds = time.perf_counter() - start
+            generation = int(metrics["generation"])
+            if eval_every and generation % eval_every == 0:
+                metrics.update(_to_host(fns.evaluate(state)))
+            metrics["time/step_s"] = step_seconds
+            metrics["time/generations_per_s"] = 1.0 / max(step_seconds, 1e-9)
+            metrics["time/env_steps_per_s"] = (metrics["env_steps"] - env_steps) / max(
+                step_seconds, 1e-9
+            )
+            env_steps = metrics["env_steps"]
+            for recorder in recorders:
+                recorder.write(generation, metrics)
+            if on_generation is not None:
+                on_generation(state, metrics)
+            if stop(metrics):
+                return state
+
+
+@dataclasses.dataclass(frozen=True)
+class JittedWorkflow:
+    """Jitted `init`, `step` and `evaluate` of one workflow; build with `jit_workflow`."""
+
+    init: Callable[[Array], WorkflowState]
+    step: Callable[[WorkflowState], tuple[WorkflowState, Metrics]]
+    evaluate: Callable[[WorkflowState], Metrics]
+
+
+def jit_workflow(workflow: Workflow) -> JittedWorkflow:
+    """`jax.jit` of the workflow's pure functions. Keep the result to reuse compilations."""
+    return JittedWorkflow(
+        init=jax.jit(workflow.init),
+        step=jax.jit(workflow.step),
+        evaluate=jax.jit(workflow.evaluate),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    """A stop condition for `Workflow.learn`: whichever of the set limits is reached first.
+
+    `eval_return` stops once an evaluation's mean return reaches it.
+    """
+
+    generations: int | None = None
+    env_steps: int | None = None
+    eval_return: float | None = None
+
+    def __post_init__(self):
+        if self.generations is None and self.env_steps is None:
+            raise ValueError("Stop needs a generation or env-step limit")
+
+    def __call__(self, metrics: Mapping[str, float]) -> bool:
+        if self.generations is not None and metrics["generation"] >= self.generations:
+            return True
+        if self.env_steps is not None and metrics["env_steps"] >= self.env_steps:
+            return True
+        score = metrics.get("eval/return_mean")
+        return self.eval_return is not None and score is not None and score >= self.eval_return
+
+
+def _to_host(metrics: Mapping[str, Array]) -> dict[str, float]:
+    host = jax.device_get(dict(metrics))
+    return {name: _scalar(value) for name, value in host.items()}
+
+
+def _scalar(value: Any) -> float:
+    value = np.asarray(value)
+    if value.size != 1:
+        raise ValueError(f"metrics must be scalars, got shape {value.shape}")
+    number = float(value.reshape(()))
+    return int(number) if value.dtype.kind in "iu" and math.isfinite(number) else number
