@@ -213,3 +213,32 @@ def test_deleting_an_owner_garbage_collects_its_dependents(api, namespace):
         return "dependent" not in names and not pods
 
     wait_until(gone, 60, "the garbage collector to delete the dependents")
+
+
+def test_a_running_job_pod_that_is_deleted_goes_away(api, namespace):
+    """No kubelet runs here; kwok must stop the pod so the Job controller releases it."""
+    core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
+    batch.create_namespaced_job(
+        namespace,
+        client.V1Job(
+            metadata=client.V1ObjectMeta(name="job"),
+            spec=client.V1JobSpec(
+                template=client.V1PodTemplateSpec(
+                    spec=pod_spec(node_selector={"evokube.io/test-pool": "cpu"})
+                ),
+                backoff_limit=0,
+            ),
+        ),
+    )
+
+    def running_pod():
+        pods = core.list_namespaced_pod(namespace, label_selector="job-name=job").items
+        return pods[0].metadata.name if pods and pods[0].status.phase == "Running" else None
+
+    name = wait_until(running_pod, 60, "the Job's pod to run")
+    core.delete_namespaced_pod(name, namespace)
+
+    def gone():
+        return name not in {p.metadata.name for p in core.list_namespaced_pod(namespace).items}
+
+    wait_until(gone, 60, "the deleted pod to disappear")
