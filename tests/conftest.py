@@ -58,3 +58,15 @@ def namespace(cluster, api, request) -> str:
     wait_until(default_sa_exists, 30, f"the default ServiceAccount in {name}")
     yield name
     core.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def crd(cluster):
+    """The ERLExperiment CRD from crds/, installed once and Established."""
+    crds = Path(__file__).resolve().parents[1] / "crds"
+    # Server-side apply: the CRD is too large for client-side apply's annotation.
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/erlexperiments.evokube.io"
+    )
+    return "erlexperiments.evokube.io"

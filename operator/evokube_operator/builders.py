@@ -1,0 +1,421 @@
+"""The objects an experiment needs, as pure functions of the experiment.
+
+Nothing here talks to the API server or reads a clock: the same experiment
+always gives the same objects, so the reconciler can apply them again and
+again (server-side apply) and tests can check them without a cluster.
+
+Names are deterministic, so an operator that restarts finds (adopts) what it
+created before instead of creating it twice:
+
+| object | name |
+|---|---|
+| headless Service | `<experiment>` |
+| ConfigMap with the manifest | `<experiment>-manifest` |
+| ServiceAccount, Role, RoleBinding | `<experiment>-trainer` |
+| Indexed Job of attempt n | `<experiment>-<n>` (n = restarts + preemptions) |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from evokube_operator import api
+from evokube_operator.spec import Accelerator, Experiment, ExperimentSpec
+
+# Indices of the Job's pod failure policy rules; the failure policy reads them
+# back from the Job's Failed condition when the pods themselves are gone.
+RULE_PERMANENT_EXIT = 0
+RULE_DISRUPTION = 1
+
+
+# -- names -------------------------------------------------------------------------
+def service_name(experiment: str) -> str:
+    return experiment
+
+
+def config_map_name(experiment: str) -> str:
+    return f"{experiment}-manifest"
+
+
+def trainer_account_name(experiment: str) -> str:
+    return f"{experiment}-trainer"
+
+
+def job_name(experiment: str, attempt: int) -> str:
+    return f"{experiment}-{attempt}"
+
+
+def coordinator_address(experiment: str, attempt: int, port: int) -> str:
+    """Host 0 of the attempt's Job, by its stable name under the headless Service."""
+    return f"{job_name(experiment, attempt)}-0.{service_name(experiment)}:{port}"
+
+
+# -- metadata ------------------------------------------------------------------------
+def owner_reference(exp: Experiment) -> dict[str, Any]:
+    """Makes the experiment own an object: deleting the experiment deletes it."""
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "name": exp.name,
+        "uid": exp.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def common_labels(experiment: str) -> dict[str, str]:
+    return {
+        api.LABEL_NAME: api.APP_NAME,
+        api.LABEL_INSTANCE: experiment,
+        api.LABEL_MANAGED_BY: api.MANAGED_BY,
+        api.LABEL_EXPERIMENT: experiment,
+    }
+
+
+def _metadata(exp: Experiment, name: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": exp.namespace,
+        "labels": common_labels(exp.name),
+        "ownerReferences": [owner_reference(exp)],
+        **extra,
+    }
+
+
+# -- the objects that live as long as the experiment -------------------------------------
+def manifest_yaml(exp: Experiment) -> str:
+    """The experiment as the trainer reads it from EVOKUBE_MANIFEST."""
+    document = {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": exp.name, "namespace": exp.namespace},
+        "spec": plain(exp.spec),
+    }
+    return yaml.safe_dump(document, sort_keys=False)
+
+
+def config_map(exp: Experiment) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(exp, config_map_name(exp.name)),
+        "data": {api.MANIFEST_FILE: manifest_yaml(exp)},
+    }
+
+
+def service(exp: Experiment, spec: ExperimentSpec) -> dict[str, Any]:
+    """Headless: gives every pod the DNS name <job>-<index>.<service>, ready or not."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(exp, service_name(exp.name)),
+        "spec": {
+            "clusterIP": "None",
+            # Hosts must find the coordinator before anything is ready.
+            "publishNotReadyAddresses": True,
+            "selector": {
+                api.LABEL_EXPERIMENT: exp.name,
+                api.LABEL_MANAGED_BY: api.MANAGED_BY,
+            },
+            "ports": [
+                {"name": "coordinator", "port": spec.coordinator_port, "protocol": "TCP"},
+                {"name": "metrics", "port": spec.metrics_port, "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def service_account(exp: Experiment) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(exp, trainer_account_name(exp.name)),
+    }
+
+
+def role(exp: Experiment) -> dict[str, Any]:
+    """The trainer may read and patch the status of its own experiment, nothing else."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _metadata(exp, trainer_account_name(exp.name)),
+        "rules": [
+            {
+                "apiGroups": [api.GROUP],
+                "resources": [f"{api.PLURAL}/status"],
+                "resourceNames": [exp.name],
+                "verbs": ["get", "patch"],
+            }
+        ],
+    }
+
+
+def role_binding(exp: Experiment) -> dict[str, Any]:
+    name = trainer_account_name(exp.name)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _metadata(exp, name),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": exp.namespace}],
+    }
+
+
+def static_objects(exp: Experiment, spec: ExperimentSpec) -> list[dict[str, Any]]:
+    """Everything but the Job, in the order to apply it (the Job's pods need all of it)."""
+    return [
+        config_map(exp),
+        service(exp, spec),
+        service_account(exp),
+        role(exp),
+        role_binding(exp),
+    ]
+
+
+# -- accelerator specifics ------------------------------------------------------------------
+def accelerator_node_selector(acc: Accelerator) -> dict[str, str]:
+    if acc.type == "tpu":
+        return {
+            api.TPU_ACCELERATOR_SELECTOR: acc.tpu_type or "",
+            api.TPU_TOPOLOGY_SELECTOR: acc.tpu_topology or "",
+        }
+    if acc.type == "gpu" and acc.gpu_product:
+        return {api.GPU_PRODUCT_SELECTOR: acc.gpu_product}
+    return {}
+
+
+def accelerator_resources(acc: Accelerator) -> dict[str, int]:
+    if acc.type == "tpu":
+        return {api.TPU_RESOURCE: acc.devices_per_host}
+    if acc.type == "gpu":
+        return {api.GPU_RESOURCE: acc.devices_per_host}
+    return {}
+
+
+def accelerator_tolerations(acc: Accelerator) -> list[dict[str, str]]:
+    """GKE taints accelerator nodes with their resource name (google.com/tpu, nvidia.com/gpu)."""
+    resource = {"tpu": api.TPU_RESOURCE, "gpu": api.GPU_RESOURCE}.get(acc.type)
+    if resource is None:
+        return []
+    return [{"key": resource, "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def security_contexts(acc: Accelerator) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(pod, container) security contexts.
+
+    CPU and GPU pods meet the Pod Security Standard "restricted": a fixed
+    non-root user, no privilege escalation, no capabilities, the runtime's
+    seccomp profile (NVIDIA's device plugin makes /dev/nvidia* usable by any
+    user). TPU pods keep the image's user: libtpu opens the TPU device files
+    (/dev/accel*, /dev/vfio), which GKE's device plugin leaves to root; they
+    still cannot escalate privileges.
+    """
+    seccomp = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if acc.type == "tpu":
+        return dict(seccomp), {"allowPrivilegeEscalation": False}
+    pod = {
+        "runAsNonRoot": True,
+        "runAsUser": api.TRAINER_UID,
+        "runAsGroup": api.TRAINER_UID,
+        "fsGroup": api.TRAINER_UID,
+        **seccomp,
+    }
+    container = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    return pod, container
+
+
+# -- the Job ----------------------------------------------------------------------------------
+def trainer_env(exp: Experiment, spec: ExperimentSpec, attempt: int) -> list[dict[str, Any]]:
+    """The operator/trainer contract of docs/architecture.md, in a fixed order."""
+    acc = spec.accelerator
+    env: list[dict[str, Any]] = [
+        {"name": api.ENV_MANIFEST, "value": f"{api.MANIFEST_DIR}/{api.MANIFEST_FILE}"},
+        {"name": api.ENV_EXPERIMENT, "value": exp.name},
+        {"name": api.ENV_NAMESPACE, "value": exp.namespace},
+        {
+            "name": api.ENV_COORDINATOR,
+            "value": coordinator_address(exp.name, attempt, spec.coordinator_port),
+        },
+        {"name": api.ENV_NUM_PROCESSES, "value": str(acc.hosts)},
+        {
+            "name": api.ENV_PROCESS_ID,
+            "valueFrom": {
+                "fieldRef": {
+                    "fieldPath": f"metadata.annotations['{api.COMPLETION_INDEX_ANNOTATION}']"
+                }
+            },
+        },
+        {"name": api.ENV_CHECKPOINT_DIR, "value": spec.checkpoint_location},
+        {"name": api.ENV_METRICS_PORT, "value": str(spec.metrics_port)},
+        {"name": api.ENV_ATTEMPT, "value": str(attempt)},
+        {"name": api.ENV_REPORT_STATUS, "value": "1"},
+    ]
+    if acc.type == "cpu":
+        env.append(
+            {
+                "name": api.ENV_XLA_FLAGS,
+                "value": f"--xla_force_host_platform_device_count={acc.devices_per_host}",
+            }
+        )
+    return env
+
+
+def container_resources(spec: ExperimentSpec) -> dict[str, dict[str, Any]]:
+    """The user's requests and limits plus the accelerator's resource in both."""
+    extra = accelerator_resources(spec.accelerator)
+    out: dict[str, dict[str, Any]] = {}
+    for kind in ("requests", "limits"):
+        merged = {**dict(spec.resources.get(kind) or {}), **extra}
+        if merged:
+            out[kind] = merged
+    return out
+
+
+def _checkpoint_volume(spec: ExperimentSpec) -> tuple[list[dict], list[dict]]:
+    """(volumes, mounts) for a checkpoint path in the pod; none for gs:// and the like."""
+    if not spec.checkpoint_location.startswith("/"):
+        return [], []
+    source: dict[str, Any] = (
+        {"persistentVolumeClaim": {"claimName": spec.checkpoint_claim}}
+        if spec.checkpoint_claim
+        else {"emptyDir": {}}
+    )
+    return (
+        [{"name": "checkpoints", **source}],
+        [{"name": "checkpoints", "mountPath": spec.checkpoint_location}],
+    )
+
+
+def job_labels(exp: Experiment, spec: ExperimentSpec, attempt: int) -> dict[str, str]:
+    kueue = {k: v for k, v in spec.pod_labels.items() if k.startswith(api.KUEUE_LABEL_PREFIX)}
+    return {**kueue, **common_labels(exp.name), api.LABEL_ATTEMPT: str(attempt)}
+
+
+def pod_labels(exp: Experiment, spec: ExperimentSpec, attempt: int) -> dict[str, str]:
+    return {**spec.pod_labels, **common_labels(exp.name), api.LABEL_ATTEMPT: str(attempt)}
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """Exit code 78 and disruptions fail the Job at once, with a reason saying which.
+
+    Any other failure fails it too (backoffLimit 0): a jax.distributed group
+    cannot take a replacement host, so the operator restarts the whole gang.
+    """
+    rules: list[dict[str, Any]] = [{}, {}]
+    rules[RULE_PERMANENT_EXIT] = {
+        "action": "FailJob",
+        "onExitCodes": {
+            "containerName": api.CONTAINER,
+            "operator": "In",
+            "values": [api.EXIT_PERMANENT],
+        },
+    }
+    rules[RULE_DISRUPTION] = {
+        "action": "FailJob",
+        "onPodConditions": [{"type": api.DISRUPTION_TARGET, "status": "True"}],
+    }
+    return {"rules": rules}
+
+
+def _tolerations(spec: ExperimentSpec) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = accelerator_tolerations(spec.accelerator)
+    for toleration in spec.tolerations:
+        if dict(toleration) not in out:
+            out.append(dict(toleration))
+    return out
+
+
+def job(
+    exp: Experiment,
+    spec: ExperimentSpec,
+    attempt: int,
+    active_deadline_seconds: int | None = None,
+) -> dict[str, Any]:
+    """The Indexed Job of one gang attempt: one pod per host, all or nothing."""
+    acc = spec.accelerator
+    pod_security, container_security = security_contexts(acc)
+    checkpoint_volumes, checkpoint_mounts = _checkpoint_volume(spec)
+    container: dict[str, Any] = {
+        "name": api.CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": list(api.TRAINER_COMMAND),
+        "env": trainer_env(exp, spec, attempt),
+        "ports": [
+            {"name": "coordinator", "containerPort": spec.coordinator_port, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": spec.metrics_port, "protocol": "TCP"},
+        ],
+        "volumeMounts": [
+            {"name": "manifest", "mountPath": api.MANIFEST_DIR, "readOnly": True},
+            *checkpoint_mounts,
+        ],
+        "securityContext": container_security,
+        # A trainer that fails says why in its last log lines; status shows them.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    resources = container_resources(spec)
+    if resources:
+        container["resources"] = resources
+    pod_spec: dict[str, Any] = {
+        "subdomain": service_name(exp.name),
+        "restartPolicy": "Never",
+        "serviceAccountName": trainer_account_name(exp.name),
+        "automountServiceAccountToken": True,
+        "enableServiceLinks": False,
+        "securityContext": pod_security,
+        "containers": [container],
+        "volumes": [
+            {
+                "name": "manifest",
+                "configMap": {
+                    "name": config_map_name(exp.name),
+                    "items": [{"key": api.MANIFEST_FILE, "path": api.MANIFEST_FILE}],
+                },
+            },
+            *checkpoint_volumes,
+        ],
+    }
+    node_selector = {**spec.node_selector, **accelerator_node_selector(acc)}
+    if node_selector:
+        pod_spec["nodeSelector"] = node_selector
+    tolerations = _tolerations(spec)
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    if spec.affinity:
+        pod_spec["affinity"] = plain(spec.affinity)
+    if spec.priority_class_name:
+        pod_spec["priorityClassName"] = spec.priority_class_name
+    template_meta: dict[str, Any] = {"labels": pod_labels(exp, spec, attempt)}
+    if spec.pod_annotations:
+        template_meta["annotations"] = dict(spec.pod_annotations)
+    job_spec: dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": acc.hosts,
+        "parallelism": acc.hosts,
+        "backoffLimit": 0,
+        "podFailurePolicy": pod_failure_policy(),
+        "template": {"metadata": template_meta, "spec": pod_spec},
+    }
+    if active_deadline_seconds is not None:
+        job_spec["activeDeadlineSeconds"] = max(1, int(active_deadline_seconds))
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            **_metadata(exp, job_name(exp.name, attempt)),
+            "labels": job_labels(exp, spec, attempt),
+        },
+        "spec": job_spec,
+    }
+
+
+def plain(value: Any) -> Any:
+    """A deep copy in plain dicts and lists (YAML- and JSON-safe, free of Kopf's views)."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value

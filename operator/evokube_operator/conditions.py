@@ -1,0 +1,67 @@
+"""Kubernetes-style status conditions (metav1.Condition), set without needless churn.
+
+`set_condition` follows meta.SetStatusCondition: lastTransitionTime moves only
+when status flips; reason, message and observedGeneration are updated in
+place; and setting a condition to what it already is returns the very same
+tuple, so the reconciler sees that nothing changed and writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Conditions = tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: bool
+    reason: str
+    message: str
+
+
+def find(conditions: Iterable[Mapping[str, Any]], kind: str) -> Mapping[str, Any] | None:
+    return next((c for c in conditions if c.get("type") == kind), None)
+
+
+def is_true(conditions: Iterable[Mapping[str, Any]], kind: str) -> bool:
+    found = find(conditions, kind)
+    return found is not None and found.get("status") == "True"
+
+
+def set_condition(conditions: Conditions, new: Condition, generation: int, now: str) -> Conditions:
+    status = "True" if new.status else "False"
+    wanted = {
+        "type": new.type,
+        "status": status,
+        "reason": new.reason,
+        "message": new.message,
+        "observedGeneration": generation,
+    }
+    old = find(conditions, new.type)
+    if old is not None:
+        if all(old.get(k) == v for k, v in wanted.items()):
+            return conditions
+        moved = old.get("status") != status or not old.get("lastTransitionTime")
+        wanted["lastTransitionTime"] = now if moved else old["lastTransitionTime"]
+        return tuple(wanted if c is old else c for c in conditions)
+    wanted["lastTransitionTime"] = now
+    return (*conditions, wanted)
+
+
+def set_all(
+    conditions: Conditions, updates: Iterable[Condition], generation: int, now: str
+) -> Conditions:
+    for update in updates:
+        conditions = set_condition(conditions, update, generation, now)
+    return conditions
+
+
+def clear(conditions: Conditions, kind: str, reason: str, message: str, generation: int, now: str):
+    """Set a condition False, but only if it exists (no False noise before it ever was True)."""
+    if find(conditions, kind) is None:
+        return conditions
+    return set_condition(conditions, Condition(kind, False, reason, message), generation, now)

@@ -1,0 +1,180 @@
+"""A work queue of experiments to reconcile: coalesced, one at a time per experiment.
+
+Kopf handlers (handlers.py) only say "look at experiment X again" - when it
+changes, when one of its Jobs or pods changes, when a deadline or TTL comes
+due. Requests for the same experiment coalesce; an experiment is never
+reconciled twice at once; a failed reconcile is retried with backoff. The
+reconcile itself (blocking API calls) runs in worker threads, reading the
+experiment, its Jobs and its pods from Kopf's in-memory indices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from evokube_operator.metrics import Metrics
+from evokube_operator.reconcile import Key, Outcome, Reconciler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Indices:
+    """Read-only views of Kopf's indices: (namespace, experiment) -> stored values."""
+
+    experiments: Mapping[Key, Any]
+    jobs: Mapping[Key, Any]
+    pods: Mapping[Key, Any]
+
+    def snapshot(self, key: Key) -> tuple[dict | None, tuple, tuple]:
+        """Copies taken on the event loop, so that worker threads never see them change."""
+        bodies = list(self.experiments.get(key, ()))
+        return (
+            bodies[0] if bodies else None,
+            tuple(self.jobs.get(key, ())),
+            tuple(self.pods.get(key, ())),
+        )
+
+
+@dataclass
+class Backoff:
+    """Retry delays after failed reconciles: base * 2^n, capped."""
+
+    base: float = 0.5
+    cap: float = 60.0
+    failures: dict[Key, int] = field(default_factory=dict)
+
+    def next(self, key: Key) -> float:
+        n = self.failures.get(key, 0)
+        self.failures[key] = n + 1
+        return min(self.cap, self.base * 2**n)
+
+    def reset(self, key: Key) -> None:
+        self.failures.pop(key, None)
+
+
+class Controller:
+    def __init__(
+        self,
+        reconciler: Reconciler,
+        indices: Indices,
+        metrics: Metrics,
+        workers: int = 4,
+        resync_seconds: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.reconciler = reconciler
+        self.indices = indices
+        self.metrics = metrics
+        self.workers = workers
+        self.resync_seconds = resync_seconds
+        self.backoff = Backoff()
+        self._clock = clock
+        self._ready: asyncio.Queue[Key] = asyncio.Queue()
+        self._queued: set[Key] = set()
+        self._active: set[Key] = set()
+        self._again: set[Key] = set()  # requested while being reconciled
+        self._timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
+        self._tasks: list[asyncio.Task] = []
+
+    # -- requests ---------------------------------------------------------------------------
+    def request(self, key: Key, delay: float = 0.0) -> None:
+        """Reconcile `key` after `delay` seconds (the earliest request wins)."""
+        if delay > 0:
+            self._schedule(key, delay)
+            return
+        if key in self._active:
+            self._again.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._ready.put_nowait(key)
+
+    def _schedule(self, key: Key, delay: float) -> None:
+        due = self._clock() + delay
+        current = self._timers.get(key)
+        if current is not None:
+            if current[0] <= due:
+                return
+            current[1].cancel()
+        handle = asyncio.get_running_loop().call_later(delay, self._fire, key)
+        self._timers[key] = (due, handle)
+
+    def _fire(self, key: Key) -> None:
+        self._timers.pop(key, None)
+        self.request(key)
+
+    def forget(self, key: Key) -> None:
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer[1].cancel()
+        self.backoff.reset(key)
+        self.metrics.forget(key)
+        self.reconciler.forget(key)
+
+    # -- running ----------------------------------------------------------------------------
+    def start(self) -> None:
+        for i in range(self.workers):
+            self._tasks.append(asyncio.create_task(self._worker(), name=f"evokube-worker-{i}"))
+        if self.resync_seconds > 0:
+            self._tasks.append(asyncio.create_task(self._resync(), name="evokube-resync"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        for _, handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+
+    @property
+    def alive(self) -> bool:
+        """Every worker still runs (a crashed worker would silently stall experiments)."""
+        return bool(self._tasks) and not any(t.done() for t in self._tasks)
+
+    async def _resync(self) -> None:
+        """A slow safety net: look at every known experiment now and then."""
+        while True:
+            await asyncio.sleep(self.resync_seconds)
+            for key in list(self.indices.experiments):
+                self.request(key)
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self._ready.get()
+            self._queued.discard(key)
+            self._active.add(key)
+            try:
+                await self._process(key)
+            finally:
+                self._active.discard(key)
+                if key in self._again:
+                    self._again.discard(key)
+                    self.request(key)
+
+    async def _process(self, key: Key) -> None:
+        body, jobs, pods = self.indices.snapshot(key)
+        started = time.perf_counter()
+        try:
+            outcome: Outcome = await asyncio.to_thread(
+                self.reconciler.reconcile, key, body, jobs, pods
+            )
+        except Exception as err:
+            delay = self.backoff.next(key)
+            self.metrics.reconciled(key, None, time.perf_counter() - started, error=True)
+            log.warning("%s/%s: reconcile failed (%s); retrying in %.1fs", *key, err, delay)
+            log.debug("reconcile failure", exc_info=True)
+            self.request(key, delay)
+            return
+        self.backoff.reset(key)
+        self.metrics.reconciled(key, outcome.phase, time.perf_counter() - started)
+        self.metrics.gang_restarts(outcome.restarts, outcome.preemptions)
+        if outcome.phase is None:
+            self.forget(key)
+        elif outcome.requeue_after is not None:
+            self.request(key, max(0.0, outcome.requeue_after))

@@ -1,0 +1,432 @@
+"""The reconcile decision, as a pure function: what was observed in, a Plan out.
+
+`decide` reads an experiment (its spec and the status the operator wrote
+last), the Jobs and pods it owns, and the time, and says what the status
+should become, which Events to post, and which Jobs to create or delete. It
+is a short list of early-return steps; each policy lives in `policies/`.
+
+The reconciler (reconcile.py) carries a Plan out in a fixed order: one status
+write, then Events, then Job deletions and creations. Writing the status
+first is what makes a crash harmless: a new attempt number is durable before
+its Job exists, so the next reconcile creates exactly that Job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any, cast
+
+from evokube_operator import api, builders
+from evokube_operator import conditions as cond
+from evokube_operator.observe import JobView, PodView, gang_pods
+from evokube_operator.policies import deadline, failure, success, ttl
+from evokube_operator.spec import (
+    Experiment,
+    ExperimentSpec,
+    SpecError,
+    format_time,
+    parse_spec,
+    parse_time,
+)
+
+# status field name in the API -> attribute of Status
+_FIELDS = {
+    "phase": "phase",
+    "observedGeneration": "observed_generation",
+    "hosts": "hosts",
+    "restarts": "restarts",
+    "preemptions": "preemptions",
+    "startTime": "start_time",
+    "completionTime": "completion_time",
+    "jobName": "job_name",
+    "coordinatorAddress": "coordinator_address",
+    "checkpointLocation": "checkpoint_location",
+    "conditions": "conditions",
+}
+
+
+@dataclass(frozen=True)
+class Status:
+    """The operator's part of status (status.progress is the trainer's and never here)."""
+
+    phase: str | None = None
+    observed_generation: int | None = None
+    hosts: int | None = None
+    restarts: int = 0
+    preemptions: int = 0
+    start_time: str | None = None
+    completion_time: str | None = None
+    job_name: str | None = None
+    coordinator_address: str | None = None
+    checkpoint_location: str | None = None
+    conditions: cond.Conditions = ()
+
+    @classmethod
+    def from_dict(cls, status: Mapping[str, Any]) -> Status:
+        values: dict[str, Any] = {
+            attr: status.get(key) for key, attr in _FIELDS.items() if key in status
+        }
+        values["restarts"] = int(values.get("restarts") or 0)
+        values["preemptions"] = int(values.get("preemptions") or 0)
+        values["conditions"] = tuple(values.get("conditions") or ())
+        return cls(**values)
+
+    @property
+    def attempt(self) -> int:
+        """The gang attempt number: restarts plus preemptions (EVOKUBE_ATTEMPT)."""
+        return self.restarts + self.preemptions
+
+    def patch_from(self, old: Status) -> dict[str, Any]:
+        """A JSON merge patch of status that turns `old` into this (None deletes a field)."""
+        patch: dict[str, Any] = {}
+        for key, attr in _FIELDS.items():
+            new, before = getattr(self, attr), getattr(old, attr)
+            if new != before:
+                patch[key] = [dict(c) for c in new] if attr == "conditions" else new
+        return patch
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Observation:
+    experiment: Experiment
+    jobs: tuple[JobView, ...]
+    pods: tuple[PodView, ...]
+    now: datetime
+    # The API server refused the Job of the current attempt (400/422): why.
+    rejected: str | None = None
+    # The experiment was just read from the API server, not from the watch cache.
+    fresh: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    status: Status
+    events: tuple[Event, ...] = ()
+    create_job: int | None = None  # the attempt whose Job to create
+    job_deadline: int | None = None  # activeDeadlineSeconds for that Job
+    delete_jobs: tuple[str, ...] = ()
+    delete_experiment: bool = False
+    requeue_after: float | None = None
+    # The status seen is older than a Job seen: read the experiment again, decide again.
+    stale: bool = False
+    spec: ExperimentSpec | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What every step needs: the observation and its time stamp, once."""
+
+    obs: Observation
+    now: str
+
+    @property
+    def exp(self) -> Experiment:
+        return self.obs.experiment
+
+    def conditions(self, status: Status, *updates: cond.Condition) -> cond.Conditions:
+        return cond.set_all(status.conditions, updates, self.exp.generation, self.now)
+
+    def clear(self, conditions: cond.Conditions, kind: str, reason: str, message: str):
+        return cond.clear(conditions, kind, reason, message, self.exp.generation, self.now)
+
+    def live_jobs(self, keep: str | None = None) -> tuple[str, ...]:
+        """Names of the Jobs that still exist, but `keep`."""
+        return tuple(j.name for j in self.obs.jobs if j.name != keep and not j.deleting)
+
+    def unfinished_jobs(self) -> tuple[str, ...]:
+        return tuple(
+            j.name for j in self.obs.jobs if not j.deleting and not j.complete and j.failure is None
+        )
+
+
+def decide(obs: Observation) -> Plan:
+    exp = obs.experiment
+    # Only Jobs this very experiment owns (not a deleted namesake's, not look-alikes).
+    obs = replace(obs, jobs=tuple(j for j in obs.jobs if j.owner_uid == exp.uid))
+    step = _Step(obs, format_time(obs.now))
+    old = Status.from_dict(exp.status)
+    if exp.deleting:
+        return Plan(old)
+    if old.phase in api.FINISHED_PHASES:
+        return _finished(step, old)
+    try:
+        spec = parse_spec(exp.spec)
+    except SpecError as err:
+        return _fail(step, old, api.REASON_INVALID_SPEC, str(err), None)
+    newest = max((j.attempt for j in obs.jobs if j.attempt is not None), default=-1)
+    if newest > old.attempt and not obs.fresh:
+        return Plan(old, stale=True, spec=spec)
+    if obs.rejected:
+        message = f"the API server refused the trainer Job: {obs.rejected}"
+        return _fail(step, old, api.REASON_INVALID_SPEC, message, spec)
+    if spec.suspend:
+        return _suspend(step, old, spec)
+    status, events = old, cast(tuple[Event, ...], ())
+    if status.phase == api.SUSPENDED:
+        status, events = _resume(step, status)
+    left = deadline.remaining(parse_time(status.start_time), spec.active_deadline_seconds, obs.now)
+    if left is not None and left <= 0:
+        message = f"active for more than activeDeadlineSeconds ({spec.active_deadline_seconds}s)"
+        return _fail(step, status, api.REASON_DEADLINE, message, spec, events)
+    name = builders.job_name(exp.name, status.attempt)
+    job = next((j for j in obs.jobs if j.name == name and not j.deleting), None)
+    if job is None:
+        return _start(step, status, spec, events)
+    pods = gang_pods(job, obs.pods)
+    failed = failure.classify(job, pods)
+    if failed is not None and failed.kind == failure.DEADLINE and (left is None or left > 5):
+        # The Job's deadline was set from an older, shorter spec.activeDeadlineSeconds.
+        message = f"{failed.message}; the experiment's own deadline is later"
+        failed = failure.GangFailure(failure.DISRUPTION, message)
+    if failed is not None:
+        verdict = failure.verdict(failed, status.restarts, spec.max_restarts)
+        if verdict.restart:
+            return _restart(step, status, spec, verdict, events)
+        # backoffLimit 0: the Job controller stops the other hosts and keeps the pods (logs).
+        return _fail(step, status, verdict.reason, verdict.message, spec, events, stop=False)
+    if success.succeeded(job, pods, spec.accelerator.hosts):
+        return _succeed(step, status, spec, job, events)
+    return _progress(step, status, spec, job, pods, events, left)
+
+
+# -- steps ------------------------------------------------------------------------------
+def _start(step: _Step, status: Status, spec: ExperimentSpec, events=()) -> Plan:
+    """No Job for the current attempt: record it in status, then create it."""
+    exp, attempt, hosts = step.exp, status.attempt, spec.accelerator.hosts
+    name = builders.job_name(exp.name, attempt)
+    start = status.start_time or step.now
+    phase = api.RESTARTING if status.phase == api.RESTARTING else api.PENDING
+    status = replace(
+        status,
+        phase=phase,
+        observed_generation=exp.generation,
+        hosts=hosts,
+        job_name=name,
+        coordinator_address=builders.coordinator_address(exp.name, attempt, spec.coordinator_port),
+        checkpoint_location=spec.checkpoint_location,
+        start_time=start,
+    )
+    status = replace(
+        status,
+        conditions=step.conditions(
+            status,
+            cond.Condition(
+                api.COND_RUNNING,
+                False,
+                api.REASON_WAITING_FOR_HOSTS,
+                f"waiting for the {hosts} hosts of Job {name} to run",
+            ),
+        ),
+    )
+    start_at = parse_time(start)
+    return Plan(
+        status,
+        events=tuple(events),
+        create_job=attempt,
+        job_deadline=deadline.job_deadline(start_at, spec.active_deadline_seconds, step.obs.now),
+        delete_jobs=step.live_jobs(keep=name),
+        requeue_after=deadline.remaining(start_at, spec.active_deadline_seconds, step.obs.now),
+        spec=spec,
+    )
+
+
+def _restart(
+    step: _Step, status: Status, spec: ExperimentSpec, verdict: failure.Verdict, events=()
+) -> Plan:
+    """The gang failed but may go on: a new attempt, from the newest checkpoint."""
+    status = replace(
+        status,
+        phase=api.RESTARTING,
+        restarts=status.restarts + (1 if verdict.counted else 0),
+        preemptions=status.preemptions + (0 if verdict.counted else 1),
+    )
+    status = replace(
+        status,
+        conditions=step.conditions(
+            status, cond.Condition(api.COND_RESTARTING, True, verdict.reason, verdict.message)
+        ),
+    )
+    kind = "Warning" if verdict.counted else "Normal"
+    event = Event(kind, verdict.reason, f"{verdict.message}; attempt {status.attempt} starts")
+    return _start(step, status, spec, (*events, event))
+
+
+def _fail(
+    step: _Step,
+    status: Status,
+    reason: str,
+    message: str,
+    spec: ExperimentSpec | None,
+    events=(),
+    stop: bool = True,
+) -> Plan:
+    """Final. With `stop`, Jobs still running are deleted; otherwise they are kept."""
+    conditions = step.conditions(status, cond.Condition(api.COND_FAILED, True, reason, message))
+    conditions = step.clear(conditions, api.COND_RUNNING, api.REASON_FINISHED, "failed")
+    conditions = step.clear(conditions, api.COND_RESTARTING, api.REASON_FINISHED, "failed")
+    status = replace(
+        status,
+        phase=api.FAILED,
+        observed_generation=step.exp.generation,
+        completion_time=step.now,
+        conditions=conditions,
+    )
+    return Plan(
+        status,
+        events=(*events, Event("Warning", reason, message)),
+        delete_jobs=step.unfinished_jobs() if stop else (),
+        requeue_after=ttl.remaining(
+            step.obs.now, spec.ttl_seconds_after_finished if spec else None, step.obs.now
+        ),
+        spec=spec,
+    )
+
+
+def _succeed(step: _Step, status: Status, spec: ExperimentSpec, job: JobView, events=()):
+    message = f"all {spec.accelerator.hosts} hosts of Job {job.name} exited 0"
+    conditions = step.conditions(
+        status, cond.Condition(api.COND_SUCCEEDED, True, api.REASON_COMPLETED, message)
+    )
+    conditions = step.clear(conditions, api.COND_RUNNING, api.REASON_FINISHED, "succeeded")
+    conditions = step.clear(conditions, api.COND_RESTARTING, api.REASON_FINISHED, "succeeded")
+    completed = job.completion_time or step.now
+    status = replace(
+        status,
+        phase=api.SUCCEEDED,
+        observed_generation=step.exp.generation,
+        completion_time=completed,
+        conditions=conditions,
+    )
+    return Plan(
+        status,
+        events=(*events, Event("Normal", api.REASON_COMPLETED, message)),
+        delete_jobs=step.live_jobs(keep=job.name),
+        requeue_after=ttl.remaining(
+            parse_time(completed), spec.ttl_seconds_after_finished, step.obs.now
+        ),
+        spec=spec,
+    )
+
+
+def _suspend(step: _Step, status: Status, spec: ExperimentSpec) -> Plan:
+    """spec.suspend: no Job at all; a gang that had started counts as preempted."""
+    events: tuple[Event, ...] = ()
+    if status.phase != api.SUSPENDED:
+        started = status.job_name is not None
+        status = replace(
+            status,
+            phase=api.SUSPENDED,
+            preemptions=status.preemptions + (1 if started else 0),
+            job_name=None,
+            coordinator_address=None,
+        )
+        message = "spec.suspend is true: the trainer Job is removed, checkpoints are kept"
+        events = (Event("Normal", api.REASON_SUSPENDED, message),)
+        conditions = step.conditions(
+            status,
+            cond.Condition(api.COND_SUSPENDED, True, api.REASON_SUSPENDED, message),
+            cond.Condition(api.COND_RUNNING, False, api.REASON_SUSPENDED, "suspended"),
+        )
+        conditions = step.clear(conditions, api.COND_RESTARTING, api.REASON_SUSPENDED, "suspended")
+        status = replace(status, conditions=conditions)
+    status = replace(status, observed_generation=step.exp.generation)
+    return Plan(status, events=events, delete_jobs=step.live_jobs(), spec=spec)
+
+
+def _resume(step: _Step, status: Status) -> tuple[Status, tuple[Event, ...]]:
+    message = "spec.suspend is false: the gang resumes from the newest checkpoint"
+    status = replace(status, phase=api.PENDING, start_time=None)
+    conditions = step.conditions(
+        status, cond.Condition(api.COND_SUSPENDED, False, api.REASON_RESUMED, message)
+    )
+    return replace(status, conditions=conditions), (Event("Normal", api.REASON_RESUMED, message),)
+
+
+def _progress(
+    step: _Step,
+    status: Status,
+    spec: ExperimentSpec,
+    job: JobView,
+    pods: list[PodView],
+    events,
+    left: float | None,
+) -> Plan:
+    """The Job exists and nothing has ended: Pending, Running or still Restarting."""
+    hosts = spec.accelerator.hosts
+    events = tuple(events)
+    if success.all_running(pods, hosts) and not job.suspended:
+        phase = api.RUNNING
+        running = cond.Condition(
+            api.COND_RUNNING,
+            True,
+            api.REASON_ALL_HOSTS_RUNNING,
+            f"all {hosts} hosts of Job {job.name} are running",
+        )
+    elif job.suspended:
+        phase = api.RESTARTING if status.phase == api.RESTARTING else api.PENDING
+        running = cond.Condition(
+            api.COND_RUNNING,
+            False,
+            api.REASON_JOB_SUSPENDED,
+            f"Job {job.name} is suspended, waiting for admission (for example by Kueue)",
+        )
+    else:
+        phase = api.RESTARTING if status.phase == api.RESTARTING else api.PENDING
+        running = cond.Condition(
+            api.COND_RUNNING,
+            False,
+            api.REASON_WAITING_FOR_HOSTS,
+            f"waiting for the {hosts} hosts of Job {job.name} to run",
+        )
+    conditions = step.conditions(status, running)
+    if phase == api.RUNNING:
+        conditions = step.clear(
+            conditions,
+            api.COND_RESTARTING,
+            api.REASON_RECOVERED,
+            f"attempt {status.attempt} runs on all {hosts} hosts",
+        )
+    if phase != status.phase:
+        kind = "Normal" if phase != api.PENDING or status.phase is None else "Warning"
+        events = (*events, Event(kind, running.reason, running.message))
+    status = replace(
+        status,
+        phase=phase,
+        observed_generation=step.exp.generation,
+        conditions=conditions,
+    )
+    return Plan(
+        status,
+        events=events,
+        delete_jobs=step.live_jobs(keep=job.name),
+        requeue_after=left,
+        spec=spec,
+    )
+
+
+def _finished(step: _Step, status: Status) -> Plan:
+    """Succeeded or Failed: only the TTL is left to honour."""
+    try:
+        ttl_seconds = parse_spec(step.exp.spec).ttl_seconds_after_finished
+    except SpecError:
+        ttl_seconds = step.exp.spec.get("ttlSecondsAfterFinished")
+        ttl_seconds = ttl_seconds if isinstance(ttl_seconds, int) else None
+    left = ttl.remaining(parse_time(status.completion_time), ttl_seconds, step.obs.now)
+    status = replace(status, observed_generation=step.exp.generation)
+    if left is not None and left <= 0:
+        message = f"finished more than ttlSecondsAfterFinished ({ttl_seconds}s) ago: deleting"
+        return Plan(
+            status,
+            events=(Event("Normal", api.REASON_EXPIRED, message),),
+            delete_experiment=True,
+        )
+    return Plan(status, requeue_after=left)

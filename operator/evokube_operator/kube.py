@@ -1,0 +1,218 @@
+"""The few Kubernetes API calls the reconciler makes, on plain dicts.
+
+A thin layer over the official client's ApiClient (its configuration, TLS
+and token refresh), so that every call is one obvious HTTP request, objects
+stay plain JSON-like dicts from the pure builders, and each request is
+counted for the operator's metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from kubernetes.client import ApiClient, Configuration
+from kubernetes.client.exceptions import ApiException
+
+from evokube_operator import api
+
+FIELD_MANAGER = "evokube-operator"
+# kind -> (API prefix, plural) for every kind the operator touches.
+KINDS: dict[str, tuple[str, str]] = {
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "Service": ("/api/v1", "services"),
+    "ServiceAccount": ("/api/v1", "serviceaccounts"),
+    "Event": ("/api/v1", "events"),
+    "Job": ("/apis/batch/v1", "jobs"),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    api.KIND: (f"/apis/{api.GROUP}/{api.VERSION}", api.PLURAL),
+}
+
+
+class ApiError(Exception):
+    """A request the API server answered with an error status (0: no answer at all)."""
+
+    def __init__(self, status: int, message: str, reason: str = ""):
+        super().__init__(f"{status} {reason}: {message}".strip())
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def transient(self) -> bool:
+        """Worth retrying: no answer, conflicts, throttling, quota, server trouble."""
+        return self.status in (0, 403, 408, 409, 429) or self.status >= 500
+
+    @property
+    def invalid(self) -> bool:
+        """The object itself was refused (schema, admission): retrying will not help."""
+        return self.status in (400, 422)
+
+
+RequestCounter = Callable[[str, str, int], None]  # (verb, kind, status)
+
+
+class Kube:
+    """Synchronous calls; the controller runs reconciles in worker threads."""
+
+    def __init__(self, client: ApiClient, count: RequestCounter | None = None, timeout=30.0):
+        self.client = client
+        self._count = count or (lambda verb, kind, code: None)
+        self._timeout = timeout
+
+    @classmethod
+    def from_configuration(cls, configuration: Configuration, **kwargs: Any) -> Kube:
+        return cls(ApiClient(configuration), **kwargs)
+
+    # -- transport --------------------------------------------------------------------
+    def _path(self, kind: str, namespace: str, name: str | None = None, sub: str = "") -> str:
+        prefix, plural = KINDS[kind]
+        path = f"{prefix}/namespaces/{quote(namespace)}/{plural}"
+        if name is not None:
+            path += f"/{quote(name)}"
+        return path + (f"/{sub}" if sub else "")
+
+    def request(
+        self,
+        verb: str,
+        kind: str,
+        path: str,
+        body: Any = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        url = self.client.configuration.host + path
+        if query:
+            url += "?" + urlencode(query)
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        self.client.update_params_for_auth(headers, [], ["BearerToken"], path, verb, body)
+        if self.client.user_agent:
+            headers.setdefault("User-Agent", self.client.user_agent)
+        try:
+            response = self.client.call_api(
+                verb, url, header_params=headers, body=body, _request_timeout=self._timeout
+            )
+            data = response.read()
+            status = response.status
+        except ApiException as err:  # raised for transport trouble (status 0)
+            self._count(verb, kind, err.status or 0)
+            raise ApiError(err.status or 0, str(err.reason or err)) from err
+        except Exception as err:  # urllib3 connection errors and the like
+            self._count(verb, kind, 0)
+            raise ApiError(0, f"{type(err).__name__}: {err}") from err
+        self._count(verb, kind, status)
+        payload: dict[str, Any] = {}
+        if data:
+            try:
+                payload = json.loads(data)
+            except ValueError:
+                payload = {"message": data.decode(errors="replace")[:500]}
+        if not 200 <= status < 300:
+            raise ApiError(status, payload.get("message", ""), payload.get("reason", ""))
+        return payload
+
+    # -- objects ------------------------------------------------------------------------
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
+        return self.request("GET", kind, self._path(kind, namespace, name))
+
+    def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply: creates or updates the fields the operator owns."""
+        meta = obj["metadata"]
+        return self.request(
+            "PATCH",
+            obj["kind"],
+            self._path(obj["kind"], meta["namespace"], meta["name"]),
+            body=obj,
+            query={"fieldManager": FIELD_MANAGER, "force": "true"},
+            content_type="application/apply-patch+yaml",
+        )
+
+    def create(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Create; None when it already exists (deterministic names: it is ours to adopt)."""
+        meta = obj["metadata"]
+        try:
+            return self.request(
+                "POST",
+                obj["kind"],
+                self._path(obj["kind"], meta["namespace"]),
+                body=obj,
+                query={"fieldManager": FIELD_MANAGER},
+            )
+        except ApiError as err:
+            if err.status == 409:
+                return None
+            raise
+
+    def delete(self, kind: str, namespace: str, name: str, uid: str | None = None) -> bool:
+        """Delete in the background (the garbage collector takes dependents); False if gone."""
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "propagationPolicy": "Background",
+        }
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            self.request("DELETE", kind, self._path(kind, namespace, name), body=body)
+            return True
+        except ApiError as err:
+            if err.status in (404, 409):  # gone, or a namesake with another uid
+                return False
+            raise
+
+    # -- the experiment -----------------------------------------------------------------
+    def patch_status(
+        self, namespace: str, name: str, status: Mapping[str, Any], resource_version: str
+    ) -> dict[str, Any]:
+        """Merge-patch the status subresource, only if the object is still at resource_version.
+
+        The merge patch carries only the operator's fields, so status.progress
+        (the trainer's) is never touched; the resourceVersion makes a decision
+        taken on a stale read fail with 409 instead of being written.
+        """
+        body = {"metadata": {"resourceVersion": resource_version}, "status": dict(status)}
+        return self.request(
+            "PATCH",
+            api.KIND,
+            self._path(api.KIND, namespace, name, "status"),
+            body=body,
+            content_type="application/merge-patch+json",
+        )
+
+    def post_event(
+        self, involved: Mapping[str, Any], type_: str, reason: str, message: str
+    ) -> None:
+        """A core/v1 Event about `involved` (an object body), as kubectl describe shows it."""
+        meta = involved["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
+                "namespace": meta["namespace"],
+            },
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion", api.API_VERSION),
+                "kind": involved.get("kind", api.KIND),
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid", ""),
+                "resourceVersion": meta.get("resourceVersion", ""),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "reportingInstance": FIELD_MANAGER,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self.request("POST", "Event", self._path("Event", meta["namespace"]), body=event)

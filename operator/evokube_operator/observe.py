@@ -1,0 +1,128 @@
+"""Small immutable summaries of the Jobs and pods the operator watches.
+
+Kopf keeps these in its in-memory indices (handlers.py), so a reconcile reads
+the state of a gang without a single API call. Only what the policies need is
+kept: a pod is its attempt, index, phase, exit code and disruption.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from evokube_operator import api
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _true_condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == kind and condition.get("status") == "True":
+            return condition
+    return None
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    uid: str
+    job_name: str | None
+    job_uid: str | None
+    attempt: int | None
+    index: int | None
+    phase: str  # Pending | Running | Succeeded | Failed | Unknown
+    exit_code: int | None = None
+    exit_message: str = ""
+    disruption: str | None = None  # reason of a DisruptionTarget=True condition
+    node: str | None = None
+    deleting: bool = False
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> PodView:
+        meta = body.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
+        status = body.get("status") or {}
+        exit_code, message = None, ""
+        for container in status.get("containerStatuses") or []:
+            if container.get("name") != api.CONTAINER:
+                continue
+            terminated = (container.get("state") or {}).get("terminated")
+            if terminated:
+                exit_code = _int_or_none(terminated.get("exitCode"))
+                message = (terminated.get("message") or terminated.get("reason") or "").strip()
+        disrupted = _true_condition(status, api.DISRUPTION_TARGET)
+        return cls(
+            name=meta.get("name", ""),
+            uid=meta.get("uid", ""),
+            job_name=labels.get(api.JOB_NAME_LABEL) or labels.get("job-name"),
+            job_uid=labels.get(api.JOB_UID_LABEL) or labels.get("controller-uid"),
+            attempt=_int_or_none(labels.get(api.LABEL_ATTEMPT)),
+            index=_int_or_none(annotations.get(api.COMPLETION_INDEX_ANNOTATION)),
+            phase=status.get("phase") or "Pending",
+            exit_code=exit_code,
+            exit_message=message[-500:],
+            disruption=(disrupted.get("reason") or api.DISRUPTION_TARGET) if disrupted else None,
+            node=(body.get("spec") or {}).get("nodeName"),
+            deleting=bool(meta.get("deletionTimestamp")),
+        )
+
+    @property
+    def host(self) -> str:
+        index = "?" if self.index is None else self.index
+        return f"host {index} (pod {self.name})"
+
+
+@dataclass(frozen=True)
+class JobFailure:
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class JobView:
+    name: str
+    uid: str
+    attempt: int | None
+    suspended: bool = False
+    complete: bool = False
+    failure: JobFailure | None = None
+    completion_time: str | None = None
+    deleting: bool = False
+    owner_uid: str | None = None  # uid of the controlling ERLExperiment
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> JobView:
+        meta = body.get("metadata") or {}
+        status = body.get("status") or {}
+        # FailureTarget comes first (1.31+): the Job is decided to fail, pods still stopping.
+        failed = _true_condition(status, "Failed") or _true_condition(status, "FailureTarget")
+        owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
+        return cls(
+            name=meta.get("name", ""),
+            uid=meta.get("uid", ""),
+            attempt=_int_or_none((meta.get("labels") or {}).get(api.LABEL_ATTEMPT)),
+            suspended=bool((body.get("spec") or {}).get("suspend")),
+            complete=_true_condition(status, "Complete") is not None,
+            failure=JobFailure(failed.get("reason") or "", failed.get("message") or "")
+            if failed
+            else None,
+            completion_time=status.get("completionTime"),
+            deleting=bool(meta.get("deletionTimestamp")),
+            owner_uid=owner.get("uid") if owner else None,
+        )
+
+
+def gang_pods(job: JobView, pods: tuple[PodView, ...] | list[PodView]) -> list[PodView]:
+    """The pods of this very Job (not of an earlier Job that had the same name)."""
+    return [
+        p
+        for p in pods
+        if p.job_name == job.name and (not p.job_uid or not job.uid or p.job_uid == job.uid)
+    ]

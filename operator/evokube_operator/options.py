@@ -1,0 +1,35 @@
+"""How the operator was started (command line), and how it reaches the API server."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from kubernetes import config as kube_config
+from kubernetes.client import Configuration
+
+
+@dataclass(frozen=True)
+class Options:
+    kubeconfig: str | None = None
+    context: str | None = None
+    namespaces: tuple[str, ...] = ()  # empty: every namespace
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = 8080  # 0: no metrics or probe server
+    workers: int = 8
+    resync_seconds: float = 300.0
+    watch_timeout_seconds: float = 300.0
+
+
+def client_configuration(options: Options) -> Configuration:
+    """The API server and credentials: --kubeconfig, else in-cluster, else $KUBECONFIG."""
+    configuration = Configuration()
+    if options.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        kube_config.load_incluster_config(client_configuration=configuration)
+    else:
+        kube_config.load_kube_config(
+            config_file=options.kubeconfig,
+            context=options.context,
+            client_configuration=configuration,
+        )
+    return configuration

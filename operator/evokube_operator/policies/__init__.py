@@ -1,0 +1,7 @@
+"""One module per policy, each a pure function of what was observed.
+
+failure: what a failed gang means (restart, preemption, or the end).
+success: when a gang has finished training.
+deadline: spec.activeDeadlineSeconds.
+ttl: spec.ttlSecondsAfterFinished.
+"""

@@ -1,0 +1,27 @@
+"""spec.activeDeadlineSeconds: how long an experiment may be active.
+
+It counts from status.startTime, the moment the experiment last started or
+resumed (as a Job's deadline restarts when it is resumed), across gang
+restarts. The operator checks it itself and also hands the remainder to each
+Job as its own activeDeadlineSeconds, so pods stop on time even while the
+operator is down.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+
+def remaining(start: datetime | None, deadline_seconds: int | None, now: datetime) -> float | None:
+    """Seconds left (<= 0: exceeded), or None without a deadline or before the start."""
+    if deadline_seconds is None or start is None:
+        return None
+    return deadline_seconds - (now - start).total_seconds()
+
+
+def job_deadline(start: datetime | None, deadline_seconds: int | None, now: datetime) -> int | None:
+    """The activeDeadlineSeconds for a Job created now: what is left, rounded up."""
+    left = remaining(start or now, deadline_seconds, now)
+    if left is None:
+        return None
+    return max(1, int(left + 0.999))

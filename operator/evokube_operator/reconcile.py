@@ -1,0 +1,203 @@
+"""One reconcile of one experiment: decide (pure), then act, in a fixed order.
+
+    observe ─► decide ─► apply the owned objects (when needed)
+                     ─► write status (one merge patch, resourceVersion-guarded)
+                     ─► post Events ─► delete Jobs ─► create the Job ─► (TTL) delete
+
+The experiment, its Jobs and its pods come from the operator's watch caches,
+so an experiment whose gang is simply running costs no API call at all. A
+decision that would create a Job is never taken on a possibly stale read:
+either the same reconcile's status write succeeded (the write is guarded by
+the resourceVersion it was decided on) or the experiment is read afresh
+first. A conflict means someone wrote in between (the trainer's progress,
+a user): read, decide again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from evokube_operator import api, builders
+from evokube_operator.decide import Observation, Plan, Status, decide
+from evokube_operator.kube import ApiError, Kube
+from evokube_operator.observe import JobView, PodView
+from evokube_operator.spec import Experiment, ExperimentSpec
+
+log = logging.getLogger(__name__)
+Key = tuple[str, str]  # (namespace, name)
+ACTIVE_PHASES = frozenset({api.PENDING, api.RUNNING, api.RESTARTING})
+MAX_CONFLICTS = 4
+
+
+@dataclass
+class _Memory:
+    """What one operator process remembers about one experiment (lost on restart, by design)."""
+
+    last_written: dict[str, Any] | None = None  # the object our last status write returned
+    rejected: tuple[str, str, str] | None = None  # (uid, job name, why the API refused it)
+    statics: tuple[str, int] | None = None  # (uid, generation) last applied
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the controller and the metrics need to know about one reconcile."""
+
+    phase: str | None
+    requeue_after: float | None = None
+    restarts: int = 0  # gang restarts started by this reconcile (counted)
+    preemptions: int = 0  # and the uncounted kind
+    api_calls: int = 0
+
+
+def _resource_version(body: Mapping[str, Any] | None) -> int:
+    try:
+        return int((body or {}).get("metadata", {}).get("resourceVersion", ""))
+    except (TypeError, ValueError):
+        return -1
+
+
+@dataclass
+class Reconciler:
+    kube: Kube
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    _memory: dict[Key, _Memory] = field(default_factory=dict)
+
+    def forget(self, key: Key) -> None:
+        self._memory.pop(key, None)
+
+    def _freshest(self, key: Key, cached: dict[str, Any]) -> dict[str, Any]:
+        """The watch cache's copy, unless our own last write is newer than it."""
+        written = self._memory.setdefault(key, _Memory()).last_written
+        if written is None:
+            return cached
+        same_object = written["metadata"].get("uid") == cached["metadata"].get("uid")
+        if same_object and _resource_version(written) > _resource_version(cached):
+            return written
+        return cached
+
+    def reconcile(
+        self,
+        key: Key,
+        body: dict[str, Any] | None,
+        jobs: tuple[JobView, ...],
+        pods: tuple[PodView, ...],
+    ) -> Outcome:
+        if body is None:
+            self.forget(key)
+            return Outcome(None)
+        memory = self._memory.setdefault(key, _Memory())
+        body = self._freshest(key, body)
+        fresh = False
+        for _ in range(MAX_CONFLICTS):
+            exp = Experiment.from_body(body)
+            old = Status.from_dict(exp.status)
+            plan = decide(
+                Observation(exp, jobs, pods, self.clock(), self._rejection(exp, old, memory), fresh)
+            )
+            patch = plan.status.patch_from(old)
+            if not fresh and (plan.stale or (plan.create_job is not None and not patch)):
+                body, fresh = self._read(key), True
+                if body is None:
+                    return Outcome(None)
+                continue
+            if self._needs_owned_objects(exp, plan, patch, memory):
+                self._apply_owned_objects(exp, plan.spec, memory)
+            if patch:
+                try:
+                    body = self.kube.patch_status(
+                        exp.namespace, exp.name, patch, exp.resource_version
+                    )
+                except ApiError as err:
+                    if err.status == 409:
+                        log.debug("%s/%s: status conflict, reading again", *key)
+                        body, fresh = self._read(key), True
+                        if body is None:
+                            return Outcome(None)
+                        continue
+                    if err.status == 404:
+                        self.forget(key)
+                        return Outcome(None)
+                    raise
+                memory.last_written = body
+            return self._act(exp, body, plan, old, memory)
+        raise ApiError(409, f"the status of {key[0]}/{key[1]} kept changing; will retry")
+
+    # -- steps -------------------------------------------------------------------------------
+    def _read(self, key: Key) -> dict[str, Any] | None:
+        try:
+            return self.kube.get(api.KIND, *key)
+        except ApiError as err:
+            if err.status == 404:
+                self.forget(key)
+                return None
+            raise
+
+    @staticmethod
+    def _rejection(exp: Experiment, status: Status, memory: _Memory) -> str | None:
+        if memory.rejected is None:
+            return None
+        uid, job, why = memory.rejected
+        return why if (uid, job) == (exp.uid, builders.job_name(exp.name, status.attempt)) else None
+
+    @staticmethod
+    def _needs_owned_objects(exp: Experiment, plan: Plan, patch: dict, memory: _Memory) -> bool:
+        if plan.spec is None or plan.status.phase not in ACTIVE_PHASES:
+            return False
+        if memory.statics == (exp.uid, exp.generation):
+            return False
+        return plan.create_job is not None or "observedGeneration" in patch
+
+    def _apply_owned_objects(self, exp: Experiment, spec: ExperimentSpec | None, memory) -> None:
+        assert spec is not None
+        for obj in builders.static_objects(exp, spec):
+            self.kube.apply(obj)
+        memory.statics = (exp.uid, exp.generation)
+
+    def _act(
+        self, exp: Experiment, body: dict[str, Any], plan: Plan, old: Status, memory: _Memory
+    ) -> Outcome:
+        for event in plan.events:
+            self._event(body, event.type, event.reason, event.message)
+        for name in plan.delete_jobs:
+            if self.kube.delete("Job", exp.namespace, name):
+                log.info("%s/%s: deleted Job %s", exp.namespace, exp.name, name)
+        requeue = plan.requeue_after
+        if plan.create_job is not None and plan.spec is not None:
+            job = builders.job(exp, plan.spec, plan.create_job, plan.job_deadline)
+            name = job["metadata"]["name"]
+            try:
+                created = self.kube.create(job)
+            except ApiError as err:
+                if not err.invalid:
+                    raise
+                log.warning("%s/%s: Job %s refused: %s", exp.namespace, exp.name, name, err)
+                memory.rejected = (exp.uid, name, err.message or str(err))
+                requeue = 0.0
+            else:
+                if created is not None:
+                    hosts = plan.spec.accelerator.hosts
+                    message = f"created Job {name}: {hosts} hosts, attempt {plan.create_job}"
+                    log.info("%s/%s: %s", exp.namespace, exp.name, message)
+                    self._event(body, "Normal", api.REASON_JOB_CREATED, message)
+        if plan.delete_experiment:
+            self.kube.delete(api.KIND, exp.namespace, exp.name, uid=exp.uid)
+            log.info("%s/%s: deleted after its TTL", exp.namespace, exp.name)
+        return Outcome(
+            phase=plan.status.phase,
+            requeue_after=requeue,
+            restarts=plan.status.restarts - old.restarts,
+            preemptions=plan.status.preemptions - old.preemptions,
+        )
+
+    def _event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        try:
+            self.kube.post_event(body, type_, reason, message)
+        except ApiError as err:  # an Event is worth a log line, never a retry
+            meta = body["metadata"]
+            log.warning(
+                "%s/%s: event %s not posted: %s", meta["namespace"], meta["name"], reason, err
+            )

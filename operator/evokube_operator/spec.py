@@ -1,0 +1,212 @@
+"""The parts of an ERLExperiment the operator acts on, read into immutable values.
+
+The API server has already applied the CRD's defaults and rules, so parsing
+is mostly renaming. It stays defensive anyway (an older CRD, an object written
+before a rule existed): anything that cannot run raises SpecError, which the
+reconciler turns into phase Failed, reason InvalidSpec, instead of a crash.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from evokube_operator import api
+
+
+class SpecError(ValueError):
+    """The experiment cannot run as written; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """Where each host runs and how many of them there are."""
+
+    type: str  # cpu | gpu | tpu
+    hosts: int
+    devices_per_host: int  # cpu: XLA host devices; gpu: GPUs; tpu: chips
+    gpu_product: str | None = None
+    tpu_type: str | None = None
+    tpu_topology: str | None = None
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    """What the builders need from spec, with the CRD's defaults filled in."""
+
+    image: str
+    accelerator: Accelerator
+    image_pull_policy: str = "IfNotPresent"
+    suspend: bool = False
+    resources: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    affinity: Mapping[str, Any] | None = None
+    priority_class_name: str | None = None
+    pod_labels: Mapping[str, str] = field(default_factory=dict)
+    pod_annotations: Mapping[str, str] = field(default_factory=dict)
+    checkpoint_location: str = api.DEFAULT_CHECKPOINT_DIR
+    checkpoint_claim: str | None = None
+    max_restarts: int = 3
+    ttl_seconds_after_finished: int | None = None
+    active_deadline_seconds: int | None = None
+    metrics_port: int = 9100
+    coordinator_port: int = 8476
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """Identity, spec and status of one ERLExperiment, as read from the API."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    resource_version: str
+    spec: Mapping[str, Any]
+    status: Mapping[str, Any]
+    labels: Mapping[str, str] = field(default_factory=dict)
+    deleting: bool = False
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Experiment:
+        meta = body.get("metadata") or {}
+        return cls(
+            name=meta["name"],
+            namespace=meta["namespace"],
+            uid=meta.get("uid", ""),
+            generation=int(meta.get("generation") or 0),
+            resource_version=str(meta.get("resourceVersion") or ""),
+            spec=body.get("spec") or {},
+            status=body.get("status") or {},
+            labels=meta.get("labels") or {},
+            deleting=bool(meta.get("deletionTimestamp")),
+        )
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+
+def _int(value: Any, path: str, default: int | None = None, minimum: int = 0) -> int | None:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SpecError(f"spec.{path}: expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _mapping(value: Any, path: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecError(f"spec.{path}: expected an object, got {value!r}")
+    return value
+
+
+def topology_chips(topology: str) -> int:
+    """Chips in a TPU topology such as 4x4 or 2x2x4."""
+    try:
+        dims = [int(d) for d in topology.split("x")]
+    except ValueError:
+        raise SpecError(f"spec.accelerator.tpu.topology: {topology!r} is not like 4x4") from None
+    if not 2 <= len(dims) <= 3 or min(dims) < 1:
+        raise SpecError(f"spec.accelerator.tpu.topology: {topology!r} is not like 4x4 or 2x2x4")
+    return math.prod(dims)
+
+
+def parse_accelerator(raw: Mapping[str, Any]) -> Accelerator:
+    kind = raw.get("type", "cpu")
+    hosts = _int(raw.get("hosts"), "accelerator.hosts", minimum=1)
+    if kind == "cpu":
+        devices = _int(raw.get("devicesPerHost"), "accelerator.devicesPerHost", 1, minimum=1)
+        return Accelerator("cpu", hosts or 1, devices or 1)
+    if kind == "gpu":
+        gpu = _mapping(raw.get("gpu"), "accelerator.gpu")
+        count = _int(gpu.get("count"), "accelerator.gpu.count", minimum=1)
+        if count is None:
+            raise SpecError("spec.accelerator.gpu.count: required when accelerator.type is gpu")
+        return Accelerator("gpu", hosts or 1, count, gpu_product=gpu.get("product") or None)
+    if kind == "tpu":
+        tpu = _mapping(raw.get("tpu"), "accelerator.tpu")
+        if not tpu.get("type") or not tpu.get("topology"):
+            raise SpecError("spec.accelerator.tpu: type and topology are required for tpu")
+        chips_per_host = _int(tpu.get("chipsPerHost"), "accelerator.tpu.chipsPerHost", 4, 1) or 4
+        chips = topology_chips(str(tpu["topology"]))
+        if chips % chips_per_host:
+            raise SpecError(
+                f"spec.accelerator.tpu.topology: {chips} chips are not a multiple of "
+                f"chipsPerHost {chips_per_host}"
+            )
+        derived = chips // chips_per_host
+        if hosts is not None and hosts != derived:
+            raise SpecError(
+                f"spec.accelerator.hosts: {hosts} does not match topology {tpu['topology']} "
+                f"with {chips_per_host} chips per host ({derived} hosts)"
+            )
+        return Accelerator(
+            "tpu",
+            derived,
+            chips_per_host,
+            tpu_type=str(tpu["type"]),
+            tpu_topology=str(tpu["topology"]),
+        )
+    raise SpecError(f"spec.accelerator.type: unsupported value {kind!r}")
+
+
+def parse_spec(raw: Mapping[str, Any]) -> ExperimentSpec:
+    """The operator's view of spec; raises SpecError for what cannot run."""
+    if not isinstance(raw, Mapping):
+        raise SpecError("spec: expected an object")
+    image = raw.get("image")
+    if not isinstance(image, str) or not image.strip():
+        raise SpecError("spec.image: a container image is required")
+    checkpoint = _mapping(raw.get("checkpoint"), "checkpoint")
+    tolerations = raw.get("tolerations") or []
+    if not isinstance(tolerations, list) or not all(isinstance(t, Mapping) for t in tolerations):
+        raise SpecError("spec.tolerations: expected a list of objects")
+    affinity = raw.get("affinity")
+    if affinity is not None and not isinstance(affinity, Mapping):
+        raise SpecError("spec.affinity: expected an object")
+    return ExperimentSpec(
+        image=image,
+        accelerator=parse_accelerator(_mapping(raw.get("accelerator"), "accelerator")),
+        image_pull_policy=raw.get("imagePullPolicy") or "IfNotPresent",
+        suspend=bool(raw.get("suspend", False)),
+        resources=_mapping(raw.get("resources"), "resources"),
+        node_selector=_mapping(raw.get("nodeSelector"), "nodeSelector"),
+        tolerations=tuple(tolerations),
+        affinity=affinity or None,
+        priority_class_name=raw.get("priorityClassName") or None,
+        pod_labels=_mapping(raw.get("podLabels"), "podLabels"),
+        pod_annotations=_mapping(raw.get("podAnnotations"), "podAnnotations"),
+        checkpoint_location=checkpoint.get("location") or api.DEFAULT_CHECKPOINT_DIR,
+        checkpoint_claim=checkpoint.get("volumeClaimName") or None,
+        max_restarts=_int(raw.get("maxRestarts"), "maxRestarts", 3) or 0,
+        ttl_seconds_after_finished=_int(
+            raw.get("ttlSecondsAfterFinished"), "ttlSecondsAfterFinished"
+        ),
+        active_deadline_seconds=_int(
+            raw.get("activeDeadlineSeconds"), "activeDeadlineSeconds", minimum=1
+        ),
+        metrics_port=_int(raw.get("metricsPort"), "metricsPort", 9100, minimum=1) or 9100,
+        coordinator_port=_int(raw.get("coordinatorPort"), "coordinatorPort", 8476, minimum=1)
+        or 8476,
+    )
+
+
+# -- time stamps as Kubernetes writes them ------------------------------------------
+def format_time(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None

@@ -1,0 +1,336 @@
+"""Fixtures for operator tests on the real control plane.
+
+- `crd` (tests/conftest.py): the ERLExperiment CRD, server-side applied once per session.
+- `operator`: one `evokube-operator` process for the session, watching every
+  namespace, running as a ServiceAccount bound to the operator's own
+  ClusterRole (operator/evokube_operator/rbac.yaml), so a missing permission
+  fails the tests. Tests may kill and restart it.
+- `k8s`: small helpers (apply, read, wait) that say what they waited for and
+  show the operator's last log lines when a wait times out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cluster.controlplane import free_port, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+RBAC = REPO / "operator" / "evokube_operator" / "rbac.yaml"
+OPERATOR_NAMESPACE = "evokube-system"
+GROUP, VERSION, PLURAL = "evokube.io", "v1alpha1", "erlexperiments"
+
+
+def service_account_kubeconfig(cluster, api_client, namespace, name, path: Path) -> Path:
+    """A kubeconfig that authenticates as a ServiceAccount with a TokenRequest token."""
+    from kubernetes import client
+
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=7200)
+    )
+    token = (
+        client.CoreV1Api(api_client)
+        .create_namespaced_service_account_token(name, namespace, request)
+        .status.token
+    )
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "test",
+                "cluster": {
+                    "server": cluster.state.server,
+                    "certificate-authority": str(cluster.workdir / "pki" / "ca.crt"),
+                },
+            }
+        ],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": name}}],
+        "current-context": "test",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="session")
+def operator_kubeconfig(cluster, crd, tmp_path_factory) -> Path:
+    """The operator's identity: ServiceAccount evokube-system/evokube-operator, least privilege."""
+    cluster.kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)
+    cluster.kubectl(
+        "create", "serviceaccount", "evokube-operator", "-n", OPERATOR_NAMESPACE, check=False
+    )
+    cluster.kubectl("apply", "-f", str(RBAC))
+    cluster.kubectl(
+        "create",
+        "clusterrolebinding",
+        "evokube-operator",
+        "--clusterrole=evokube-operator",
+        f"--serviceaccount={OPERATOR_NAMESPACE}:evokube-operator",
+        check=False,
+    )
+    api_client = cluster.api_client()
+    try:
+        return service_account_kubeconfig(
+            cluster,
+            api_client,
+            OPERATOR_NAMESPACE,
+            "evokube-operator",
+            tmp_path_factory.mktemp("operator") / "kubeconfig",
+        )
+    finally:
+        api_client.close()
+
+
+class OperatorProcess:
+    """`evokube-operator` as a child process: started, probed, killed, restarted."""
+
+    def __init__(self, kubeconfig: Path, log_dir: Path):
+        self.kubeconfig = kubeconfig
+        self.log_dir = log_dir
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"operator-{self.starts}.log"
+
+    def start(self, timeout: float = 60) -> None:
+        self.starts += 1
+        command = [
+            str(Path(sys.executable).with_name("evokube-operator")),
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--metrics-port",
+            str(self.port),
+            "--metrics-address",
+            "127.0.0.1",
+        ]
+        log = self.log_path.open("w")
+        self.proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+        wait_until(
+            lambda: self.get("/readyz")[0] == 200 or not self.alive(),
+            timeout,
+            "the operator to become ready",
+        )
+        assert self.alive(), f"the operator exited at start:\n{self.log_tail()}"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all, as when a node dies."""
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return 0, ""
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The value of one sample of /metrics (0 when absent)."""
+        _, text = self.get("/metrics")
+        wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        for line in text.splitlines():
+            if line.startswith("#") or " " not in line:
+                continue
+            series, value = line.rsplit(" ", 1)
+            metric, _, label_text = series.partition("{")
+            if metric != name:
+                continue
+            found = ",".join(sorted(label_text.rstrip("}").split(","))) if label_text else ""
+            if found == wanted:
+                return float(value)
+        return 0.0
+
+    def metric_sum(self, name: str) -> float:
+        """The sum over every label set of one metric."""
+        _, text = self.get("/metrics")
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name + "{") or line.startswith(name + " ")
+        )
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+
+@pytest.fixture(scope="session")
+def operator(cluster, crd, operator_kubeconfig, tmp_path_factory):
+    process = OperatorProcess(operator_kubeconfig, tmp_path_factory.mktemp("operator-logs"))
+    process.start()
+    yield process
+    process.stop()
+
+
+class K8s:
+    """The few things operator tests do to the cluster, with waits that explain themselves."""
+
+    def __init__(self, cluster, api_client, operator: OperatorProcess | None):
+        from kubernetes import client
+
+        self.cluster = cluster
+        self.api_client = api_client
+        self.operator = operator
+        self.core = client.CoreV1Api(api_client)
+        self.batch = client.BatchV1Api(api_client)
+        self.rbac = client.RbacAuthorizationV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    # -- experiments --------------------------------------------------------------------
+    def apply(self, manifest: dict, check: bool = True) -> subprocess.CompletedProcess:
+        """`kubectl apply -f -`, as a researcher would."""
+        return self.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest), check=check)
+
+    def experiment(self, namespace: str, name: str) -> dict:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+    def patch_spec(self, namespace: str, name: str, spec: dict) -> None:
+        self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, {"spec": spec}
+        )
+
+    def status(self, namespace: str, name: str) -> dict:
+        return self.experiment(namespace, name).get("status") or {}
+
+    def condition(self, namespace: str, name: str, kind: str) -> dict | None:
+        conditions = self.status(namespace, name).get("conditions") or []
+        return next((c for c in conditions if c["type"] == kind), None)
+
+    # -- what it owns ---------------------------------------------------------------------
+    def jobs(self, namespace: str, experiment: str) -> list:
+        selector = f"evokube.io/experiment={experiment}"
+        return self.batch.list_namespaced_job(namespace, label_selector=selector).items
+
+    def pods(self, namespace: str, experiment: str, job: str | None = None) -> list:
+        selector = f"evokube.io/experiment={experiment}"
+        if job:
+            selector += f",batch.kubernetes.io/job-name={job}"
+        return self.core.list_namespaced_pod(namespace, label_selector=selector).items
+
+    def running_pods(self, namespace: str, experiment: str, job: str) -> list:
+        return [
+            p
+            for p in self.pods(namespace, experiment, job)
+            if p.status.phase == "Running" and not p.metadata.deletion_timestamp
+        ]
+
+    def exit_pod(self, namespace: str, pod: str, code: int) -> None:
+        """The test cluster's kwok stages end a pod with this exit code."""
+        self.core.patch_namespaced_pod(
+            pod, namespace, {"metadata": {"annotations": {"evokube.test/exit-code": str(code)}}}
+        )
+
+    def events(self, namespace: str, name: str) -> list[str]:
+        items = self.core.list_namespaced_event(
+            namespace,
+            field_selector=f"involvedObject.name={name},involvedObject.kind=ERLExperiment",
+        ).items
+        return [e.reason for e in sorted(items, key=lambda e: e.metadata.creation_timestamp)]
+
+    # -- waiting --------------------------------------------------------------------------
+    def wait(self, predicate, what: str, timeout: float = 30):
+        try:
+            return wait_until(predicate, timeout, what, interval=0.2)
+        except TimeoutError as err:
+            tail = self.operator.log_tail() if self.operator else ""
+            raise TimeoutError(f"{err}\n--- operator log ---\n{tail}") from None
+
+    def wait_phase(self, namespace: str, name: str, phase: str, timeout: float = 30) -> dict:
+        def reached():
+            status = self.status(namespace, name)
+            return status if status.get("phase") == phase else None
+
+        try:
+            return self.wait(reached, f"{namespace}/{name} to be {phase}", timeout)
+        except TimeoutError as err:
+            status = json.dumps(self.status(namespace, name), indent=1)
+            raise TimeoutError(f"{err}\n--- status ---\n{status}") from None
+
+    def wait_running_gang(self, namespace: str, name: str, hosts: int, timeout: float = 30):
+        """Phase Running and every host's pod of the current Job running; returns the status."""
+        status = self.wait_phase(namespace, name, "Running", timeout)
+        self.wait(
+            lambda: len(self.running_pods(namespace, name, status["jobName"])) == hosts,
+            f"{hosts} running pods of {status['jobName']}",
+            timeout,
+        )
+        return status
+
+
+@pytest.fixture
+def k8s(cluster, api, operator, namespace):
+    helper = K8s(cluster, api, operator)
+    yield helper
+    release_gangs(helper, namespace)
+
+
+def release_gangs(k8s: K8s, namespace: str) -> None:
+    """Delete the test's experiments and wait for their pods before the namespace goes.
+
+    Namespace deletion removes pods first (OrderedNamespaceDeletion) while their
+    Job still exists; a Job with a pod failure policy keeps its finalizer on a
+    pod until the pod reaches a terminal phase, which a real kubelet reports and
+    kwok's delete stage does not. Deleting the experiment first deletes the Job
+    (garbage collector), which releases the pods and the nodes' capacity.
+    """
+    k8s.cluster.kubectl("delete", "erlx", "--all", "-n", namespace, "--wait=false", check=False)
+    selector = "app.kubernetes.io/managed-by=evokube-operator"
+    k8s.wait(
+        lambda: not k8s.core.list_namespaced_pod(namespace, label_selector=selector).items,
+        f"the trainer pods in {namespace} to be gone",
+    )
+
+
+def experiment_manifest(name: str, namespace: str, **spec) -> dict:
+    """A small valid experiment; keyword arguments replace top-level spec fields."""
+    base = {
+        "image": "ghcr.io/evokube/trainer-cpu:0.1.0",
+        "algorithm": {"name": "openes"},
+        "environment": {"name": "gymnax/Pendulum-v1"},
+        "population": {"size": 64},
+        "stopping": {"maxGenerations": 100},
+    }
+    base.update(spec)
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ERLExperiment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": base,
+    }

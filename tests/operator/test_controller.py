@@ -1,0 +1,146 @@
+"""The work queue: requests coalesce, one reconcile per experiment at a time, retries back off."""
+
+import asyncio
+import threading
+import time
+
+from evokube_operator.controller import Backoff, Controller, Indices
+from evokube_operator.metrics import Metrics
+from evokube_operator.reconcile import Outcome
+
+A, B = ("ns", "a"), ("ns", "b")
+
+
+class ScriptedReconciler:
+    """Records calls; each key answers from its script (an Outcome or an exception)."""
+
+    def __init__(self, scripts=None, seconds=0.0):
+        self.scripts = scripts or {}
+        self.seconds = seconds
+        self.calls: list = []
+        self.running: set = set()
+        self.overlaps: list = []
+        self.lock = threading.Lock()
+
+    def reconcile(self, key, body, jobs, pods):
+        with self.lock:
+            if key in self.running:
+                self.overlaps.append(key)
+            self.running.add(key)
+        time.sleep(self.seconds)
+        with self.lock:
+            self.running.discard(key)
+            self.calls.append(key)
+        script = self.scripts.get(key, [])
+        answer = script.pop(0) if script else Outcome("Running")
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def forget(self, key):
+        pass
+
+
+async def until(predicate, what, timeout=10.0):
+    """Poll the event loop until predicate() holds (a busy machine only makes it slower)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def run(reconciler, scenario, workers=4):
+    async def main():
+        indices = Indices({A: [{}], B: [{}]}, {}, {})
+        controller = Controller(reconciler, indices, Metrics(), workers=workers, resync_seconds=0)
+        controller.backoff = Backoff(base=0.01)
+        controller.start()
+        try:
+            await scenario(controller)
+        finally:
+            await controller.stop()
+
+    asyncio.run(main())
+
+
+def test_requests_coalesce_and_one_experiment_is_never_reconciled_twice_at_once():
+    rec = ScriptedReconciler(seconds=0.05)
+
+    async def scenario(controller):
+        for _ in range(10):
+            controller.request(A)
+        controller.request(B)
+        await asyncio.sleep(0.02)
+        controller.request(A)  # arrives while A is being reconciled: once more, after
+        controller.request(A)
+        await until(lambda: rec.calls.count(A) >= 2 and B in rec.calls, "the reconciles")
+        await asyncio.sleep(0.1)  # and no third one comes
+
+    run(rec, scenario)
+    assert rec.calls.count(A) == 2
+    assert rec.calls.count(B) == 1
+    assert rec.overlaps == []
+
+
+def test_a_failed_reconcile_is_retried_with_backoff():
+    rec = ScriptedReconciler({A: [RuntimeError("boom"), RuntimeError("boom")]})
+
+    async def scenario(controller):
+        controller.request(A)
+        await until(lambda: rec.calls.count(A) >= 3, "two retries")
+        assert controller.alive
+
+    run(rec, scenario)
+    assert rec.calls.count(A) == 3
+
+
+def test_requeue_after_brings_an_experiment_back_and_the_earliest_timer_wins():
+    rec = ScriptedReconciler({A: [Outcome("Running", requeue_after=0.05)]})
+
+    async def scenario(controller):
+        controller.request(A, delay=10)  # a later timer is replaced by an earlier one
+        controller.request(A)
+        await until(lambda: rec.calls.count(A) >= 2, "the requeue")
+
+    run(rec, scenario)
+    assert rec.calls.count(A) == 2
+
+
+def test_metrics_count_reconciles_by_result_and_phase():
+    rec = ScriptedReconciler({A: [RuntimeError("boom")], B: [Outcome("Failed")]})
+    metrics_text = {}
+
+    async def scenario(controller):
+        controller.request(A)
+        controller.request(B)
+        text = controller.metrics.exposition
+        await until(lambda: b'result="error"} 1.0' in text(), "the failed reconcile counted")
+        await until(lambda: b'phase="Failed"} 1.0' in text(), "the phase recorded")
+        metrics_text["out"] = text().decode()
+
+    run(rec, scenario)
+    text = metrics_text["out"]
+    assert 'evokube_operator_reconciles_total{result="error"} 1.0' in text
+    assert 'evokube_operator_experiments{phase="Failed"} 1.0' in text
+    assert "evokube_operator_reconcile_errors_total 1.0" in text
+    assert "evokube_operator_reconcile_duration_seconds_count" in text
+
+
+def test_an_experiment_that_is_gone_is_forgotten_in_the_metrics():
+    rec = ScriptedReconciler({A: [Outcome("Running"), Outcome(None)]})
+    seen = {}
+
+    async def scenario(controller):
+        text = controller.metrics.exposition
+        running = b'evokube_operator_experiments{phase="Running"}'
+        controller.request(A)
+        await until(lambda: running + b" 1.0" in text(), "the phase recorded")
+        seen["before"] = text().decode()
+        controller.request(A)
+        await until(lambda: running + b" 0.0" in text(), "the experiment forgotten")
+        seen["after"] = text().decode()
+
+    run(rec, scenario)
+    assert 'evokube_operator_experiments{phase="Running"} 1.0' in seen["before"]
+    assert 'evokube_operator_experiments{phase="Running"} 0.0' in seen["after"]

@@ -1,0 +1,349 @@
+"""The reconcile decision: observation in, plan out, no cluster and no clock."""
+
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+
+from evokube_operator import api
+from evokube_operator.conditions import find
+from evokube_operator.decide import Observation, Status, decide
+from evokube_operator.spec import Experiment, format_time
+from tests.operator.factories import NOW, TPU, body, gang, job, pod, running_status
+
+
+def observe(status=None, jobs=(), pods=(), now=NOW, rejected=None, fresh=False, **spec):
+    exp = Experiment.from_body(body(status=status, **spec))
+    return Observation(exp, tuple(jobs), tuple(pods), now, rejected, fresh)
+
+
+def settle(obs, plan):
+    """The world after a plan ran: its status written, its Job created, old Jobs gone."""
+    status = {**obs.experiment.status, **plan.status.patch_from(Status.from_dict({}))}
+    status = {k: v for k, v in status.items() if v is not None}
+    jobs = [j for j in obs.jobs if j.name not in plan.delete_jobs]
+    if plan.create_job is not None:
+        jobs.append(job(plan.create_job))
+    exp = replace(obs.experiment, status=status)
+    return replace(obs, experiment=exp, jobs=tuple(jobs))
+
+
+def reasons(plan):
+    return [e.reason for e in plan.events]
+
+
+TRANSITIONS = [
+    # (case, status, jobs, pods, spec overrides) ->
+    #   (phase, restarts, preemptions, create_job, delete_jobs, event reasons)
+    ("new experiment", None, [], [], {}, (api.PENDING, 0, 0, 0, (), [])),
+    (
+        "hosts still pending",
+        running_status(phase=api.PENDING),
+        [job(0)],
+        [pod(0, "Pending")],
+        {},
+        (api.PENDING, 0, 0, None, (), []),
+    ),
+    (
+        "every host runs",
+        running_status(phase=api.PENDING),
+        [job(0)],
+        gang(1),
+        {},
+        (api.RUNNING, 0, 0, None, (), [api.REASON_ALL_HOSTS_RUNNING]),
+    ),
+    (
+        "retriable exit code",
+        running_status(),
+        [job(0)],
+        [pod(0, "Failed", exit_code=75, job_uid="job-uid-0")],
+        {},
+        (api.RESTARTING, 1, 0, 1, ("demo-0",), [api.REASON_RETRIABLE_FAILURE]),
+    ),
+    (
+        "crash (137) is retriable",
+        running_status(),
+        [job(0)],
+        [pod(0, "Failed", exit_code=137, job_uid="job-uid-0")],
+        {},
+        (api.RESTARTING, 1, 0, 1, ("demo-0",), [api.REASON_RETRIABLE_FAILURE]),
+    ),
+    (
+        "evicted host",
+        running_status(),
+        [job(0)],
+        [pod(0, disruption="EvictionByEvictionAPI", job_uid="job-uid-0")],
+        {},
+        (api.RESTARTING, 0, 1, 1, ("demo-0",), [api.REASON_PREEMPTED]),
+    ),
+    (
+        "preemptions do not use up restarts",
+        running_status(attempt=3, restarts=3),
+        [job(3)],
+        [pod(0, disruption="PreemptionByScheduler", attempt=3, job_uid="job-uid-3")],
+        {"maxRestarts": 3},
+        (api.RESTARTING, 3, 1, 4, ("demo-3",), [api.REASON_PREEMPTED]),
+    ),
+    (
+        "permanent exit code",
+        running_status(),
+        [job(0)],
+        [pod(0, "Failed", exit_code=78, job_uid="job-uid-0")],
+        {},
+        (api.FAILED, 0, 0, None, (), [api.REASON_PERMANENT_FAILURE]),
+    ),
+    (
+        "restarts used up",
+        running_status(attempt=2, restarts=2),
+        [job(2)],
+        [pod(0, "Failed", exit_code=75, attempt=2, job_uid="job-uid-2")],
+        {"maxRestarts": 2},
+        (api.FAILED, 2, 0, None, (), [api.REASON_MAX_RESTARTS]),
+    ),
+    (
+        "every host exited 0",
+        running_status(),
+        [job(0)],
+        gang(1, "Succeeded", exit_code=0),
+        {},
+        (api.SUCCEEDED, 0, 0, None, (), [api.REASON_COMPLETED]),
+    ),
+    (
+        "the Job completed",
+        running_status(),
+        [job(0, complete=True, completion_time="2026-01-02T03:04:00Z")],
+        [],
+        {},
+        (api.SUCCEEDED, 0, 0, None, (), [api.REASON_COMPLETED]),
+    ),
+    (
+        "the Job hit its own deadline",
+        running_status(),
+        [job(0, failure=("DeadlineExceeded", "too long"))],
+        [],
+        {"activeDeadlineSeconds": 247},  # 2s left by the operator's clock: the Job's is right
+        (api.FAILED, 0, 0, None, (), [api.REASON_DEADLINE]),
+    ),
+    (
+        "suspend a running gang",
+        running_status(),
+        [job(0)],
+        gang(1),
+        {"suspend": True},
+        (api.SUSPENDED, 0, 1, None, ("demo-0",), [api.REASON_SUSPENDED]),
+    ),
+    (
+        "created suspended",
+        None,
+        [],
+        [],
+        {"suspend": True},
+        (api.SUSPENDED, 0, 0, None, (), [api.REASON_SUSPENDED]),
+    ),
+    (
+        "resume",
+        running_status(phase=api.SUSPENDED, preemptions=1, jobName=None),
+        [],
+        [],
+        {},
+        (api.PENDING, 0, 1, 1, (), [api.REASON_RESUMED]),
+    ),
+    (
+        "an old attempt's Job left behind by a crash",
+        running_status(attempt=1, restarts=1),
+        [job(0), job(1)],
+        gang(1, attempt=1),
+        {},
+        (api.RUNNING, 1, 0, None, ("demo-0",), []),
+    ),
+    (
+        "Kueue holds the Job",
+        running_status(phase=api.PENDING),
+        [job(0, suspended=True)],
+        [],
+        {},
+        (api.PENDING, 0, 0, None, (), []),
+    ),
+    (
+        "a spec only the API server's rules should stop",
+        None,
+        [],
+        [],
+        {"accelerator": {"type": "tpu", "tpu": {"type": "x"}}},
+        (api.FAILED, 0, 0, None, (), [api.REASON_INVALID_SPEC]),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("status", "jobs", "pods", "spec", "expected"),
+    [case[1:] for case in TRANSITIONS],
+    ids=[case[0] for case in TRANSITIONS],
+)
+def test_transitions(status, jobs, pods, spec, expected):
+    phase, restarts, preemptions, create_job, delete_jobs, events = expected
+    plan = decide(observe(status, jobs, pods, **spec))
+    assert plan.status.phase == phase
+    assert (plan.status.restarts, plan.status.preemptions) == (restarts, preemptions)
+    assert plan.create_job == create_job
+    assert plan.delete_jobs == delete_jobs
+    assert reasons(plan) == events
+
+
+@pytest.mark.parametrize(
+    ("status", "jobs", "pods", "spec"),
+    [case[1:5] for case in TRANSITIONS],
+    ids=[case[0] for case in TRANSITIONS],
+)
+def test_a_carried_out_plan_needs_no_second_write(status, jobs, pods, spec):
+    """Deciding again on the world the plan left changes nothing: no flapping writes."""
+    obs = observe(status, jobs, pods, **spec)
+    plan = decide(obs)
+    after = settle(obs, plan)
+    again = decide(after)
+    assert again.status.patch_from(Status.from_dict(after.experiment.status)) == {}
+    assert again.create_job is None
+    assert again.events == ()
+
+
+def test_starting_records_the_gang_before_its_job_exists():
+    plan = decide(observe(accelerator=TPU, activeDeadlineSeconds=600))
+    status = plan.status
+    assert status.job_name == "demo-0"
+    assert status.coordinator_address == "demo-0-0.demo:8476"
+    assert status.hosts == 4
+    assert status.checkpoint_location == "/checkpoints"
+    assert status.start_time == format_time(NOW)
+    assert status.observed_generation == 1
+    running = find(status.conditions, api.COND_RUNNING)
+    assert (running["status"], running["reason"]) == ("False", api.REASON_WAITING_FOR_HOSTS)
+    assert plan.job_deadline == 600
+    assert plan.requeue_after == 600
+
+
+def test_a_restart_records_why_and_points_at_the_new_gang():
+    plan = decide(
+        observe(running_status(), [job(0)], [pod(0, "Failed", exit_code=75, job_uid="job-uid-0")])
+    )
+    restarting = find(plan.status.conditions, api.COND_RESTARTING)
+    assert restarting["status"] == "True"
+    assert restarting["reason"] == api.REASON_RETRIABLE_FAILURE
+    assert "exited with code 75" in restarting["message"]
+    assert plan.status.job_name == "demo-1"
+    assert plan.status.coordinator_address == "demo-1-0.demo:8476"
+    assert plan.events[0].type == "Warning"
+
+
+def test_failure_records_reason_message_and_completion_time():
+    plan = decide(
+        observe(running_status(), [job(0)], [pod(0, "Failed", exit_code=78, job_uid="job-uid-0")])
+    )
+    failed = find(plan.status.conditions, api.COND_FAILED)
+    assert failed["reason"] == api.REASON_PERMANENT_FAILURE
+    assert failed["message"] == "host 0 (pod demo-0-0-abcde) exited with code 78"
+    assert plan.status.completion_time == format_time(NOW)
+    assert find(plan.status.conditions, api.COND_RUNNING)["status"] == "False"
+    # The Job controller stops the other hosts; the pods stay for their logs.
+    assert plan.delete_jobs == ()
+
+
+def test_the_operator_enforces_the_deadline_and_stops_the_gang():
+    status = running_status(startTime=format_time(NOW - timedelta(seconds=61)))
+    plan = decide(observe(status, [job(0)], gang(1), activeDeadlineSeconds=60))
+    assert plan.status.phase == api.FAILED
+    assert find(plan.status.conditions, api.COND_FAILED)["reason"] == api.REASON_DEADLINE
+    assert plan.delete_jobs == ("demo-0",)
+
+
+def test_a_job_deadline_from_an_older_shorter_spec_only_restarts_the_gang():
+    status = running_status(startTime=format_time(NOW - timedelta(seconds=100)))
+    failed = job(0, failure=("DeadlineExceeded", "Job was active longer than specified deadline"))
+    plan = decide(observe(status, [failed], [], activeDeadlineSeconds=3600))
+    assert plan.status.phase == api.RESTARTING
+    assert (plan.status.restarts, plan.status.preemptions) == (0, 1)
+    assert plan.create_job == 1
+
+
+def test_a_running_experiment_is_looked_at_again_when_its_deadline_comes():
+    status = running_status(startTime=format_time(NOW - timedelta(seconds=20)))
+    plan = decide(observe(status, [job(0)], gang(1), activeDeadlineSeconds=60))
+    assert plan.requeue_after == 40
+
+
+def test_resume_restarts_the_deadline_clock():
+    status = running_status(phase=api.SUSPENDED, preemptions=1, jobName=None)
+    plan = decide(observe(status, activeDeadlineSeconds=60))
+    assert plan.status.start_time == format_time(NOW)
+    assert find(plan.status.conditions, api.COND_SUSPENDED)["reason"] == api.REASON_RESUMED
+
+
+def test_success_takes_the_jobs_completion_time():
+    plan = decide(
+        observe(running_status(), [job(0, complete=True, completion_time="2026-01-02T03:04:00Z")])
+    )
+    assert plan.status.completion_time == "2026-01-02T03:04:00Z"
+
+
+@pytest.mark.parametrize(
+    ("finished_ago", "ttl", "delete", "requeue"),
+    [(10, None, False, None), (10, 60, False, 50), (60, 60, True, None), (5, 0, True, None)],
+)
+def test_ttl_after_finished(finished_ago, ttl, delete, requeue):
+    status = running_status(
+        phase=api.SUCCEEDED, completionTime=format_time(NOW - timedelta(seconds=finished_ago))
+    )
+    spec = {} if ttl is None else {"ttlSecondsAfterFinished": ttl}
+    plan = decide(observe(status, [job(0, complete=True)], **spec))
+    assert plan.delete_experiment is delete
+    assert plan.requeue_after == requeue
+    assert plan.status.patch_from(Status.from_dict(status)) == {}
+
+
+def test_a_status_older_than_the_jobs_is_read_again_before_acting():
+    obs = observe(running_status(attempt=0), [job(0), job(1)], gang(1, attempt=1))
+    assert decide(obs).stale
+    fresh = decide(replace(obs, fresh=True))
+    assert not fresh.stale  # a fresh read is the truth, even when someone rewrote it
+
+
+def test_jobs_of_a_deleted_namesake_are_ignored():
+    stranger = job(5, owner_uid="another-uid")
+    plan = decide(observe(None, [stranger], []))
+    assert not plan.stale
+    assert plan.create_job == 0
+    assert plan.delete_jobs == ()
+
+
+def test_a_refused_job_fails_the_experiment_with_the_api_servers_words():
+    plan = decide(observe(running_status(phase=api.PENDING), rejected="spec.template: bad"))
+    assert plan.status.phase == api.FAILED
+    failed = find(plan.status.conditions, api.COND_FAILED)
+    assert failed["reason"] == api.REASON_INVALID_SPEC
+    assert "spec.template: bad" in failed["message"]
+
+
+def test_kueue_holding_the_job_is_said_in_the_running_condition():
+    plan = decide(observe(running_status(phase=api.PENDING), [job(0, suspended=True)]))
+    assert find(plan.status.conditions, api.COND_RUNNING)["reason"] == api.REASON_JOB_SUSPENDED
+
+
+def test_trainer_progress_is_never_part_of_the_operators_patch():
+    status = running_status(phase=api.PENDING, progress={"generation": 7, "bestFitness": 1.5})
+    plan = decide(observe(status, [job(0)], gang(1)))
+    patch = plan.status.patch_from(Status.from_dict(status))
+    assert patch["phase"] == api.RUNNING
+    assert "progress" not in patch
+
+
+def test_a_spec_change_is_acknowledged_in_observed_generation():
+    exp = Experiment.from_body(body(status=running_status(), generation=2))
+    plan = decide(Observation(exp, (job(0),), gang(1), NOW))
+    patch = plan.status.patch_from(Status.from_dict(exp.status))
+    assert patch["observedGeneration"] == 2
+    assert all(c["observedGeneration"] == 2 for c in patch["conditions"])
+
+
+def test_an_experiment_being_deleted_is_left_alone():
+    exp = replace(Experiment.from_body(body()), deleting=True)
+    plan = decide(Observation(exp, (), (), NOW))
+    assert plan.create_job is None and plan.status == Status()
