@@ -34,3 +34,6 @@ cluster-up: setup cluster-binaries
 
 cluster-down: setup
 	$(VENV)/bin/python -m tests.cluster down
+
+run: setup
+	$(VENV)/bin/evokube run examples/pendulum-cemrl.yaml

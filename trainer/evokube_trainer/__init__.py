@@ -1,1 +1,8 @@
 """evokube trainer: evolutionary reinforcement learning in JAX."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("evokube")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0.0.0+unknown"

@@ -5,16 +5,10 @@
     state = workflow.learn(state, stop=Stop(generations=50), recorders=[ConsoleRecorder()])
 
 `Workflow.step` (one generation) and `Workflow.evaluate` are pure; `jit_workflow` jits them and
-`learn` drives them from the host. States save and restore with `save_state`/`restore_state`.
+`learn` drives them from the host. `DeviceLayout` spreads a generation over many devices and
+processes. States are plain pytrees; `runtime.checkpoints` saves and restores them with Orbax.
 """
 
-from evokube_trainer.workflows._checkpoint import (
-    checkpoint_every,
-    restore_state,
-    save_state,
-    state_from_numpy,
-    state_to_numpy,
-)
 from evokube_trainer.workflows._configs import (
     OPTIMIZERS,
     CEMRLConfig,
@@ -26,6 +20,7 @@ from evokube_trainer.workflows._configs import (
     make_optimizer,
     make_workflow,
 )
+from evokube_trainer.workflows._layout import DeviceLayout
 from evokube_trainer.workflows._learners import (
     IndependentTD3,
     Learner,
@@ -44,6 +39,7 @@ from evokube_trainer.workflows._workflow import (
 __all__ = [
     "OPTIMIZERS",
     "CEMRLConfig",
+    "DeviceLayout",
     "ECConfig",
     "ERLConfig",
     "EnvConfig",
@@ -58,14 +54,9 @@ __all__ = [
     "Stop",
     "Workflow",
     "WorkflowState",
-    "checkpoint_every",
     "episode_length_of",
     "jit_workflow",
     "make_optimizer",
     "make_workflow",
     "random_transitions",
-    "restore_state",
-    "save_state",
-    "state_from_numpy",
-    "state_to_numpy",
 ]

@@ -24,6 +24,7 @@ from evokube_trainer.agents import TD3, Actor, ParamFlattener, TD3Config
 from evokube_trainer.ec import ARS, CMAES, GA, EvoOptimizer, OpenES, SepCEM, SepCMAES, VanillaES
 from evokube_trainer.envs import AutoReset, Box, Env, make_env
 from evokube_trainer.replay import ReplayBuffer
+from evokube_trainer.workflows._layout import DeviceLayout
 from evokube_trainer.workflows._learners import IndependentTD3, SharedCriticTD3
 from evokube_trainer.workflows._rollout import PopulationRollout
 from evokube_trainer.workflows._workflow import Workflow
@@ -164,8 +165,14 @@ class _Actor:
         return self.network.init(key, jnp.zeros((self.obs_dim,), jnp.float32))
 
 
-def make_workflow(config: ECConfig | ERLConfig | CEMRLConfig) -> Workflow:
-    """Builds the static workflow for `config`. Envs are created here (Brax: seconds each)."""
+def make_workflow(
+    config: ECConfig | ERLConfig | CEMRLConfig, layout: DeviceLayout | None = None
+) -> Workflow:
+    """Builds the static workflow for `config`. Envs are created here (Brax: seconds each).
+
+    With a `layout` over several devices, the replay capacity is rounded up to a multiple of
+    the device count so that every device holds an equal shard.
+    """
     env_config = config.env
     fitness_env = _make(env_config, env_config.episodes_per_member, "disabled")
     eval_env = _make(env_config, env_config.eval_episodes, "disabled")
@@ -197,12 +204,16 @@ def make_workflow(config: ECConfig | ERLConfig | CEMRLConfig) -> Workflow:
         init_params=init_params,
         flatten=flattener.flatten,
         fitness_reduction=config.fitness_reduction,
+        layout=layout,
     )
     if td3 is None:
         return Workflow(**common)
 
     replay = config.replay
-    buffer = ReplayBuffer(replay.capacity, replay.batch_size)
+    capacity = replay.capacity
+    if layout is not None:
+        capacity = -(-capacity // layout.num_devices) * layout.num_devices
+    buffer = ReplayBuffer(capacity, replay.batch_size)
     learning_starts = (
         replay.batch_size if replay.learning_starts is None else replay.learning_starts
     )

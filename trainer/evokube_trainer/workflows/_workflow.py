@@ -36,6 +36,7 @@ from evokube_trainer.envs import Env
 from evokube_trainer.recorders import Recorder
 from evokube_trainer.replay import ReplayBuffer, ReplayState, Transition
 from evokube_trainer.utils import episode_returns_to_fitness
+from evokube_trainer.workflows._layout import DeviceLayout
 from evokube_trainer.workflows._learners import Learner
 from evokube_trainer.workflows._rollout import (
     PopulationRollout,
@@ -74,6 +75,7 @@ class Workflow:
       warmup_steps_per_env: warm-up scan length; the buffer starts with
         `warmup_steps_per_env * warmup_env.num_envs` random transitions.
       fitness_reduction: how the K episode returns of a member become one fitness.
+      layout: how the generation spreads over devices (`DeviceLayout`); None: one device.
     """
 
     optimizer: EvoOptimizer
@@ -86,6 +88,7 @@ class Workflow:
     warmup_env: Env | None = None
     warmup_steps_per_env: int = 0
     fitness_reduction: str = "mean"
+    layout: DeviceLayout | None = None
 
     def __post_init__(self):
         if (self.learner is None) != (self.buffer is None):
@@ -155,6 +158,8 @@ class Workflow:
             extra_noise = jnp.zeros((0,), jnp.float32)
 
         candidates = jnp.concatenate([population, extra])  # [pop + k, D]
+        if self.layout is not None:
+            candidates = self.layout.population(candidates)  # rollouts split over devices
         noise_std = jnp.concatenate([jnp.zeros((pop_size,), jnp.float32), extra_noise])
         result = self.rollout.run(
             candidates, noise_std, rollout_key, collect_transitions=self.learner is not None
@@ -266,11 +271,28 @@ class JittedWorkflow:
 
 
 def jit_workflow(workflow: Workflow) -> JittedWorkflow:
-    """`jax.jit` of the workflow's pure functions. Keep the result to reuse compilations."""
+    """`jax.jit` of the workflow's pure functions. Keep the result to reuse compilations.
+
+    With a layout, states are placed by `layout.state_shardings` (also across processes) and
+    metrics come back replicated, so every process can read them.
+    """
+    layout = workflow.layout
+    if layout is None:
+        return JittedWorkflow(
+            init=jax.jit(workflow.init),
+            step=jax.jit(workflow.step),
+            evaluate=jax.jit(workflow.evaluate),
+        )
+    states = layout.state_shardings(jax.eval_shape(workflow.init, jax.random.PRNGKey(0)))
+    init = jax.jit(workflow.init, in_shardings=layout.replicated, out_shardings=states)
     return JittedWorkflow(
-        init=jax.jit(workflow.init),
-        step=jax.jit(workflow.step),
-        evaluate=jax.jit(workflow.evaluate),
+        init=lambda key: init(layout.put_replicated(np.asarray(key))),
+        step=jax.jit(
+            workflow.step, in_shardings=(states,), out_shardings=(states, layout.replicated)
+        ),
+        evaluate=jax.jit(
+            workflow.evaluate, in_shardings=(states,), out_shardings=layout.replicated
+        ),
     )
 
 

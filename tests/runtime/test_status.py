@@ -1,0 +1,146 @@
+"""The trainer's progress reports reach a real ERLExperiment, with least privilege."""
+
+import logging
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from evokube_trainer.runtime.status import GROUP, PLURAL, VERSION, StatusReporter
+from tests.cluster.controlplane import wait_until
+
+pytestmark = pytest.mark.cluster
+
+
+def experiment(name):
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ERLExperiment",
+        "metadata": {"name": name},
+        "spec": {
+            "image": "trainer:test",
+            "algorithm": {"name": "openes"},
+            "environment": {"name": "gymnax/Pendulum-v1"},
+            "population": {"size": 4},
+            "stopping": {"maxGenerations": 5},
+        },
+    }
+
+
+@pytest.fixture
+def trainer_token(crd, api, namespace):
+    """Two experiments, and a ServiceAccount token that may patch only `mine`'s status."""
+    custom = client.CustomObjectsApi(api)
+    for name in ("mine", "other"):
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, experiment(name))
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    core.create_namespaced_service_account(
+        namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="trainer"))
+    )
+    rbac.create_namespaced_role(
+        namespace,
+        client.V1Role(
+            metadata=client.V1ObjectMeta(name="trainer"),
+            rules=[
+                client.V1PolicyRule(
+                    api_groups=[GROUP],
+                    resources=[f"{PLURAL}/status"],
+                    resource_names=["mine"],
+                    verbs=["get", "patch"],
+                )
+            ],
+        ),
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        client.V1RoleBinding(
+            metadata=client.V1ObjectMeta(name="trainer"),
+            role_ref=client.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="Role", name="trainer"
+            ),
+            subjects=[
+                client.RbacV1Subject(kind="ServiceAccount", name="trainer", namespace=namespace)
+            ],
+        ),
+    )
+    return core.create_namespaced_service_account_token(
+        "trainer", namespace, client.AuthenticationV1TokenRequest(spec={"audiences": []})
+    ).status.token
+
+
+def progress_of(api, namespace, name):
+    obj = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name
+    )
+    return obj.get("status", {}).get("progress")
+
+
+def test_progress_reaches_the_experiment_with_a_least_privilege_token(
+    cluster, api, namespace, trainer_token
+):
+    # The operator's own status fields must survive the trainer's patches.
+    client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, "mine", {"status": {"phase": "Running"}}
+    )
+    reporter = StatusReporter(
+        "mine",
+        namespace,
+        min_interval_s=0.2,
+        api_client_factory=lambda: cluster.api_client(trainer_token),
+    )
+    reporter.report(
+        generation=3,
+        envSteps=1200,
+        bestFitness=-150.5,
+        meanFitness=-400.0,
+        evalReturn=None,
+        lastCheckpoint=2,
+    )
+    reporter.close()
+    progress = progress_of(api, namespace, "mine")
+    assert progress["generation"] == 3 and progress["bestFitness"] == -150.5
+    assert "evalReturn" not in progress and progress["updatedAt"].endswith("Z")
+    status = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "mine"
+    )["status"]
+    assert status["phase"] == "Running"
+
+    # The same token is refused on another experiment ...
+    with cluster.api_client(trainer_token) as sa_api, pytest.raises(ApiException) as refused:
+        client.CustomObjectsApi(sa_api).patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, "other", {"status": {"progress": {}}}
+        )
+    assert refused.value.status == 403
+
+
+def test_reports_are_rate_limited_and_failures_never_raise(
+    cluster, api, namespace, trainer_token, caplog
+):
+    reporter = StatusReporter(
+        "mine",
+        namespace,
+        min_interval_s=2.0,
+        api_client_factory=lambda: cluster.api_client(trainer_token),
+    )
+    for generation in range(1, 51):
+        reporter.report(generation=generation, envSteps=generation * 10)
+    wait_until(
+        lambda: (progress_of(api, namespace, "mine") or {}).get("generation"), 10, "the first patch"
+    )
+    reporter.report(generation=51, envSteps=510)
+    reporter.close()
+    assert reporter.patches_sent <= 3  # 51 reports within the interval: first + last
+    assert progress_of(api, namespace, "mine")["generation"] == 51
+
+    # A reporter for an experiment it may not touch logs and carries on.
+    denied = StatusReporter(
+        "other",
+        namespace,
+        min_interval_s=0.1,
+        api_client_factory=lambda: cluster.api_client(trainer_token),
+    )
+    with caplog.at_level(logging.WARNING):
+        denied.report(generation=1)
+        denied.close()
+    assert denied.failures >= 1 and denied.patches_sent == 0
+    assert "could not report progress" in caplog.text

@@ -1,0 +1,78 @@
+"""The `evokube` command: check and run ERLExperiment manifests without a cluster.
+
+evokube validate FILE...             every error with its field path; exit 78 if any
+evokube run FILE [--processes N]     train here, N local processes wired like pods
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from evokube_trainer.runtime import exitcodes
+
+
+def _load(path: str):
+    """The defaulted manifest and its run config, or print every error and return None."""
+    from evokube_trainer.runtime import manifest
+    from evokube_trainer.runtime.config import to_run_config
+
+    try:
+        loaded = manifest.load(path)
+        to_run_config(loaded)  # semantic rules
+    except manifest.ManifestError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return None
+    return loaded
+
+
+def validate(args: argparse.Namespace) -> int:
+    ok = True
+    for path in args.files:
+        if _load(path) is None:
+            ok = False
+        else:
+            print(f"{path}: valid")
+    return exitcodes.SUCCESS if ok else exitcodes.PERMANENT
+
+
+def run(args: argparse.Namespace) -> int:
+    from evokube_trainer.runtime.local import run_locally
+
+    loaded = _load(args.file)
+    if loaded is None:
+        return exitcodes.PERMANENT
+    processes = args.processes
+    if processes is None:
+        processes = loaded["spec"]["accelerator"].get("hosts", 1)
+    if processes < 1:
+        print("error: --processes must be at least 1", file=sys.stderr)
+        return exitcodes.PERMANENT
+    return run_locally(loaded, processes=processes, runs_root=Path(args.runs_dir))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="evokube", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    check = commands.add_parser("validate", help="check manifests offline against the CRD")
+    check.add_argument("files", nargs="+")
+    check.set_defaults(func=validate)
+    train = commands.add_parser("run", help="train a manifest on this machine")
+    train.add_argument("file")
+    train.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="local processes, each standing in for one host (default: spec.accelerator.hosts)",
+    )
+    train.add_argument("--runs-dir", default="runs", help="where runs/<name>/ goes")
+    train.set_defaults(func=run)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

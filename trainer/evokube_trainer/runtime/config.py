@@ -1,0 +1,223 @@
+"""From a (defaulted, schema-valid) ERLExperiment manifest to what the trainer runs.
+
+`to_run_config` maps the spec onto a workflow config (`ECConfig`, `ERLConfig`,
+`CEMRLConfig`) plus the run's own settings (stopping, checkpoints, metrics).
+It also holds the semantic rules the CRD cannot express (an environment that
+exists, hyperparameters the chosen algorithm uses, continuous actions for
+TD3); each is reported as a FieldError with its path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from evokube_trainer.agents import TD3Config
+from evokube_trainer.envs import BRAX_ENVS, GYMNAX_ENVS
+from evokube_trainer.runtime.manifest import FieldError, ManifestError
+from evokube_trainer.workflows import CEMRLConfig, ECConfig, EnvConfig, ERLConfig, ReplayConfig
+
+# algorithm name in the CRD -> (optimizer registered in workflows, workflow config class)
+ALGORITHMS: Mapping[str, tuple[str, type]] = {
+    "openes": ("open_es", ECConfig),
+    "vanilla-es": ("vanilla_es", ECConfig),
+    "ars": ("ars", ECConfig),
+    "cma-es": ("cma_es", ECConfig),
+    "sep-cma-es": ("sep_cma_es", ECConfig),
+    "sep-cem": ("sep_cem", ECConfig),
+    "ga": ("ga", ECConfig),
+    "erl-ga": ("ga", ERLConfig),
+    "cem-rl": ("sep_cem", CEMRLConfig),
+}
+# Discrete-action gymnax envs: TD3 cannot act in them.
+DISCRETE_ENVS = frozenset({"CartPole-v1", "Acrobot-v1"})
+
+
+def _elites(fraction: float, pop: int) -> int:
+    return max(1, round(fraction * pop))
+
+
+# spec.algorithm.ec field -> optimizer -> (keyword, converter(value, pop_size)).
+# A field set for an optimizer that has no entry is an error, not silently ignored.
+_EC_FIELDS: Mapping[str, Mapping[str, tuple[str, Callable[[Any, int], Any]]]] = {
+    "noiseStd": {
+        "open_es": ("sigma", lambda v, _: v),
+        "vanilla_es": ("sigma", lambda v, _: v),
+        "ars": ("sigma", lambda v, _: v),
+        "cma_es": ("init_sigma", lambda v, _: v),
+        "sep_cma_es": ("init_sigma", lambda v, _: v),
+        "sep_cem": ("init_cov", lambda v, _: v * v),
+        "ga": ("init_std", lambda v, _: v),
+    },
+    "learningRate": {
+        "open_es": ("learning_rate", lambda v, _: v),
+        "ars": ("learning_rate", lambda v, _: v),
+    },
+    "weightDecay": {
+        "open_es": ("weight_decay", lambda v, _: v),
+        "ars": ("weight_decay", lambda v, _: v),
+    },
+    "eliteFraction": {
+        "vanilla_es": ("num_elites", _elites),
+        "sep_cem": ("num_elites", _elites),
+        "cma_es": ("num_elites", _elites),
+        "sep_cma_es": ("num_elites", _elites),
+        "ars": ("num_top_directions", lambda v, pop: max(1, round(v * pop / 2))),
+    },
+    "mirrored": {
+        "open_es": ("mirrored", lambda v, _: v),
+        "vanilla_es": ("mirrored", lambda v, _: v),
+        "sep_cem": ("mirrored", lambda v, _: v),
+    },
+    "numElites": {"ga": ("num_elites", lambda v, _: v)},
+    "tournamentSize": {"ga": ("tournament_size", lambda v, _: v)},
+    "mutationStd": {"ga": ("mutation_std", lambda v, _: v)},
+    "mutationFraction": {"ga": ("mutation_frac", lambda v, _: v)},
+    "crossover": {"ga": ("crossover", lambda v, _: v.replace("-", "_"))},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Everything one training run needs, derived from one manifest."""
+
+    name: str
+    namespace: str
+    seed: int
+    workflow: ECConfig | ERLConfig | CEMRLConfig
+    max_generations: int | None
+    max_env_steps: int | None
+    target_fitness: float | None
+    max_wall_clock_s: float | None
+    eval_interval: int
+    checkpoint_location: str | None
+    checkpoint_interval: int
+    checkpoint_keep: int
+    metrics_port: int
+    devices_per_host: int
+    hosts: int
+
+
+def _env_errors(env: Mapping[str, Any]) -> list[FieldError]:
+    backend, _, env_id = env["name"].partition("/")
+    known = GYMNAX_ENVS if backend == "gymnax" else BRAX_ENVS
+    errors = []
+    if env_id not in known:
+        errors.append(
+            FieldError(
+                "spec.environment.name",
+                f"unknown {backend} environment {env_id!r}; known: {', '.join(sorted(known))}",
+            )
+        )
+    if "backend" in env and backend != "brax":
+        errors.append(FieldError("spec.environment.backend", "only Brax environments have one"))
+    return errors
+
+
+def _ec_options(algorithm: Mapping[str, Any], optimizer: str, pop: int, errors: list) -> dict:
+    options = {}
+    for field, value in (algorithm.get("ec") or {}).items():
+        target = _EC_FIELDS.get(field, {}).get(optimizer)
+        if target is None:
+            errors.append(
+                FieldError(f"spec.algorithm.ec.{field}", f"not used by {algorithm['name']}")
+            )
+            continue
+        keyword, convert = target
+        options[keyword] = convert(value, pop)
+    if algorithm["name"] == "ga" or algorithm["name"] == "erl-ga":
+        if options.get("crossover") == "none":
+            options.pop("crossover")
+        elif "crossover" in options:
+            options["crossover_prob"] = 0.5
+    return options
+
+
+def _td3(rl: Mapping[str, Any], hidden: list[int]) -> TD3Config:
+    return TD3Config(
+        actor_hidden_sizes=tuple(hidden),
+        critic_hidden_sizes=tuple(rl["criticHiddenLayers"]),
+        critic_layer_norm=rl["criticLayerNorm"],
+        actor_lr=rl["actorLearningRate"],
+        critic_lr=rl["criticLearningRate"],
+        discount=rl["gamma"],
+        tau=rl["tau"],
+        policy_noise=rl["policyNoise"],
+        noise_clip=rl["noiseClip"],
+        actor_update_interval=rl["actorUpdateInterval"],
+        exploration_noise=rl["explorationNoise"],
+    )
+
+
+def to_run_config(manifest: Mapping[str, Any]) -> RunConfig:
+    """Map a defaulted, schema-valid manifest; raise ManifestError on semantic errors."""
+    spec = manifest["spec"]
+    algorithm, env, pop = spec["algorithm"], spec["environment"], spec["population"]["size"]
+    errors = _env_errors(env)
+    optimizer, config_type = ALGORITHMS[algorithm["name"]]
+    options = _ec_options(algorithm, optimizer, pop, errors)
+    env_id = env["name"].partition("/")[2]
+    if config_type is not ECConfig and env_id in DISCRETE_ENVS:
+        errors.append(
+            FieldError(
+                "spec.environment.name",
+                f"{algorithm['name']} needs continuous actions; {env_id} has discrete ones",
+            )
+        )
+    if errors:
+        raise ManifestError(errors, manifest["metadata"]["name"])
+
+    env_config = EnvConfig(
+        name=env["name"],
+        episode_length=env.get("episodeLength"),
+        episodes_per_member=env["episodesPerEvaluation"],
+        eval_episodes=spec["evaluation"]["episodes"],
+        action_repeat=env["actionRepeat"],
+        reward_scale=float(env["rewardScale"]),
+        backend=env.get("backend"),
+    )
+    hidden = spec["policy"]["hiddenLayers"]
+    common = dict(env=env_config, pop_size=pop, optimizer=optimizer, optimizer_options=options)
+    if config_type is ECConfig:
+        workflow = ECConfig(**common, actor_hidden_sizes=tuple(hidden))
+    else:
+        rl = algorithm["rl"]
+        replay = ReplayConfig(
+            capacity=rl["replayCapacity"],
+            batch_size=rl["batchSize"],
+            warmup_steps=rl["warmupSteps"],
+        )
+        rl_common = dict(
+            td3=_td3(rl, hidden),
+            replay=replay,
+            updates_per_generation=rl.get("updatesPerGeneration"),
+        )
+        if config_type is ERLConfig:
+            workflow = ERLConfig(
+                **common,
+                **rl_common,
+                num_agents=rl["numAgents"],
+                injection_interval=rl["injectionInterval"],
+            )
+        else:
+            workflow = CEMRLConfig(**common, **rl_common, num_actors=rl["numAgents"])
+
+    stopping, checkpoint, accelerator = spec["stopping"], spec["checkpoint"], spec["accelerator"]
+    return RunConfig(
+        name=manifest["metadata"]["name"],
+        namespace=manifest["metadata"].get("namespace", "default"),
+        seed=spec["seed"],
+        workflow=workflow,
+        max_generations=stopping.get("maxGenerations"),
+        max_env_steps=stopping.get("maxEnvSteps"),
+        target_fitness=stopping.get("targetFitness"),
+        max_wall_clock_s=stopping.get("maxWallClockSeconds"),
+        eval_interval=spec["evaluation"]["intervalGenerations"],
+        checkpoint_location=checkpoint.get("location"),
+        checkpoint_interval=checkpoint["intervalGenerations"],
+        checkpoint_keep=checkpoint["keep"],
+        metrics_port=spec["metricsPort"],
+        devices_per_host=accelerator["devicesPerHost"],
+        hosts=accelerator.get("hosts", 1),
+    )

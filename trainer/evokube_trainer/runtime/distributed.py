@@ -1,0 +1,89 @@
+"""Join the multi-host jax.distributed group described by the environment.
+
+The operator sets JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
+JAX_PROCESS_ID on every pod (`evokube run` does the same for local
+processes). jax reads only the address itself, so the count and id are passed
+explicitly. On Cloud TPU without these variables, JAX auto-detects the slice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProcessGroup:
+    coordinator_address: str  # host:port of process 0
+    num_processes: int
+    process_id: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> ProcessGroup | None:
+        """The group the environment describes, or None for a single process."""
+        address = env.get("JAX_COORDINATOR_ADDRESS")
+        if not address:
+            return None
+        try:
+            count = int(env.get("JAX_NUM_PROCESSES", "1"))
+            index = int(env.get("JAX_PROCESS_ID", "0"))
+        except ValueError as err:
+            raise ValueError(f"JAX_NUM_PROCESSES/JAX_PROCESS_ID must be integers: {err}") from None
+        if not 0 <= index < count:
+            raise ValueError(f"JAX_PROCESS_ID={index} is outside [0, JAX_NUM_PROCESSES={count})")
+        return cls(address, count, index)
+
+
+def wait_for_dns(address: str, timeout_s: float, interval_s: float = 1.0) -> None:
+    """Wait until the coordinator's host name resolves.
+
+    Pod 0's name under the headless Service appears in DNS only once that pod
+    is running, and workers often start first; a failed lookup would otherwise
+    end the whole gang.
+    """
+    host = address.rsplit(":", 1)[0]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.getaddrinfo(host, None)
+            return
+        except socket.gaierror as err:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"coordinator host {host!r} did not resolve within {timeout_s:.0f}s: {err}"
+                ) from None
+            log.info("waiting for coordinator %s to resolve (%s)", host, err)
+            time.sleep(interval_s)
+
+
+def initialize(
+    group: ProcessGroup | None,
+    *,
+    initialization_timeout_s: int = 300,
+    heartbeat_timeout_s: int = 100,
+) -> None:
+    """Join the group (no-op for a single local process)."""
+    import jax
+
+    if group is None:
+        return
+    wait_for_dns(group.coordinator_address, initialization_timeout_s)
+    jax.distributed.initialize(
+        coordinator_address=group.coordinator_address,
+        num_processes=group.num_processes,
+        process_id=group.process_id,
+        initialization_timeout=initialization_timeout_s,
+        heartbeat_timeout_seconds=heartbeat_timeout_s,
+    )
+    log.info(
+        "process %d/%d joined; %d devices in all",
+        jax.process_index(),
+        jax.process_count(),
+        jax.device_count(),
+    )

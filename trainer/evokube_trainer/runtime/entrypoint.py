@@ -1,0 +1,94 @@
+"""`evokube-train`: the trainer process, as the operator runs it in every pod.
+
+Inputs come from the environment (docs/architecture.md): EVOKUBE_MANIFEST,
+JAX_* for the process group, EVOKUBE_CHECKPOINT_DIR, EVOKUBE_METRICS_PORT,
+EVOKUBE_REPORT_STATUS, and EVOKUBE_HISTORY (a JSON-lines file process 0
+appends each generation's metrics to). The exit code tells the operator what
+to do next: 0 done, 75 restart from checkpoint, 78 give up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from evokube_trainer.runtime import exitcodes
+
+
+def main() -> int:
+    logging.basicConfig(
+        level=os.environ.get("EVOKUBE_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s [process %(process)d] %(name)s: %(message)s",
+    )
+    logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every save step at INFO
+    log = logging.getLogger("evokube-train")
+    try:
+        return _run(log)
+    except exitcodes.PermanentError as err:
+        log.error("permanent failure: %s", err)
+        return exitcodes.PERMANENT
+    except Exception:  # anything else may be the infrastructure: let the operator retry
+        log.exception("trainer failed")
+        return exitcodes.RETRIABLE
+
+
+def _run(log: logging.Logger) -> int:
+    from evokube_trainer.runtime import distributed, manifest
+
+    path = os.environ.get("EVOKUBE_MANIFEST")
+    if not path:
+        log.error("EVOKUBE_MANIFEST is not set")
+        return exitcodes.PERMANENT
+    try:
+        loaded = manifest.load(path)
+    except manifest.ManifestError as err:
+        log.error("%s", err)
+        return exitcodes.PERMANENT
+    # Join the group before anything starts a JAX backend (importing the workflows may).
+    group = distributed.ProcessGroup.from_env()
+    timeouts = loaded["spec"]["distributed"]
+    distributed.initialize(
+        group,
+        initialization_timeout_s=timeouts["initializationTimeoutSeconds"],
+        heartbeat_timeout_s=timeouts["heartbeatTimeoutSeconds"],
+    )
+
+    from evokube_trainer.recorders import JsonLinesRecorder
+    from evokube_trainer.runtime.config import to_run_config
+    from evokube_trainer.runtime.status import StatusReporter
+    from evokube_trainer.runtime.trainer import StopFlags, train
+
+    try:
+        config = to_run_config(loaded)
+    except manifest.ManifestError as err:
+        log.error("%s", err)
+        return exitcodes.PERMANENT
+    process_id = group.process_id if group else 0
+    name = os.environ.get("EVOKUBE_EXPERIMENT", config.name)
+    namespace = os.environ.get("EVOKUBE_NAMESPACE", config.namespace)
+    reporter = None
+    if os.environ.get("EVOKUBE_REPORT_STATUS") == "1" and process_id == 0:
+        reporter = StatusReporter(name, namespace)
+    history_path = os.environ.get("EVOKUBE_HISTORY")
+    history = JsonLinesRecorder(history_path) if history_path and process_id == 0 else None
+    flags = StopFlags()
+    flags.install()
+    try:
+        outcome = train(
+            config,
+            checkpoint_dir=os.environ.get("EVOKUBE_CHECKPOINT_DIR") or config.checkpoint_location,
+            metrics_port=int(os.environ.get("EVOKUBE_METRICS_PORT", config.metrics_port)),
+            status_reporter=reporter,
+            recorders=[history] if history else [],
+            flags=flags,
+        )
+    finally:
+        if history:
+            history.close()
+    log.info("stopped at generation %d: %s", outcome.generation, outcome.reason)
+    return outcome.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

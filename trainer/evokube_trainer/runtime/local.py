@@ -1,0 +1,276 @@
+"""`evokube run`: a manifest on this machine, as N local processes wired like pods.
+
+Each process gets exactly the environment the operator gives a pod
+(JAX_COORDINATOR_ADDRESS on 127.0.0.1, JAX_NUM_PROCESSES, JAX_PROCESS_ID,
+EVOKUBE_CHECKPOINT_DIR, ...), so a laptop run exercises the multi-host code
+path. Everything lands under runs/<name>/: logs, checkpoints, history.jsonl,
+history.csv and learning-curve.png. Rerunning resumes from the newest
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from evokube_trainer.runtime import exitcodes
+
+GRACE_S = 30.0  # after SIGTERM, how long processes get to checkpoint before SIGKILL
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the metrics server does
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def process_env(
+    manifest: Mapping[str, Any],
+    run_dir: Path,
+    processes: int,
+    process_id: int,
+    coordinator_port: int,
+    metrics_port: int,
+) -> dict[str, str]:
+    """The environment of local process `process_id`: what the operator sets in a pod."""
+    spec = manifest["spec"]
+    env = {
+        **os.environ,
+        "EVOKUBE_MANIFEST": str(run_dir / "experiment.yaml"),
+        "EVOKUBE_EXPERIMENT": manifest["metadata"]["name"],
+        "EVOKUBE_NAMESPACE": manifest["metadata"].get("namespace", "default"),
+        "EVOKUBE_CHECKPOINT_DIR": str(run_dir),
+        "EVOKUBE_METRICS_PORT": str(metrics_port),
+        "EVOKUBE_HISTORY": str(run_dir / "history.jsonl"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if processes > 1:
+        env.update(
+            JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{coordinator_port}",
+            JAX_NUM_PROCESSES=str(processes),
+            JAX_PROCESS_ID=str(process_id),
+        )
+    devices = spec["accelerator"]["devicesPerHost"]
+    if devices > 1:
+        flags = env.get("XLA_FLAGS", "")
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
+    return env
+
+
+class Progress:
+    """Follows history.jsonl and prints one line per generation."""
+
+    def __init__(self, path: Path, max_generations: int | None, out: TextIO):
+        self.path, self.max_generations, self.out = path, max_generations, out
+        self._offset = path.stat().st_size if path.exists() else 0
+        self._started = time.monotonic()
+        self._first_gen: int | None = None
+        self.last: dict | None = None
+
+    def poll(self) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open() as f:
+            f.seek(self._offset)
+            for line in f:
+                if not line.endswith("\n"):
+                    break
+                self._offset += len(line)
+                self._show(json.loads(line))
+
+    def _show(self, record: dict) -> None:
+        metrics = record["metrics"]
+        generation = int(record["generation"])
+        if self._first_gen is None:
+            self._first_gen = generation - 1
+        self.last = metrics
+        elapsed = time.monotonic() - self._started
+        done = generation - self._first_gen
+        eta = ""
+        if self.max_generations and done > 0:
+            remaining = (self.max_generations - generation) * elapsed / done
+            eta = f"  ETA {remaining:5.0f}s"
+        best = metrics.get("ec/fitness_max", float("nan"))
+        evaluation = metrics.get("eval/return_mean")
+        eval_text = f"  eval {evaluation:9.2f}" if isinstance(evaluation, float) else ""
+        total = f"/{self.max_generations}" if self.max_generations else ""
+        print(
+            f"gen {generation:5d}{total}  best {best:9.2f}{eval_text}  "
+            f"env steps {int(metrics['env_steps']):>10,}  "
+            f"{metrics.get('time/env_steps_per_s', 0):>9,.0f} steps/s{eta}",
+            file=self.out,
+            flush=True,
+        )
+
+
+def read_history(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        rows[int(record["generation"])] = record["metrics"]  # a resumed run rewrites gens
+    return [{"generation": g, **rows[g]} for g in sorted(rows)]
+
+
+def write_reports(run_dir: Path) -> list[Path]:
+    """history.csv and learning-curve.png from history.jsonl."""
+    rows = read_history(run_dir / "history.jsonl")
+    if not rows:
+        return []
+    columns = sorted({k for row in rows for k in row}, key=lambda k: (k != "generation", k))
+    csv_path = run_dir / "history.csv"
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    gens = [r["generation"] for r in rows]
+    for key, label in (
+        ("ec/fitness_max", "best fitness"),
+        ("ec/fitness_mean", "mean fitness"),
+        ("eval/return_mean", "evaluation return"),
+    ):
+        points = [
+            (g, r[key])
+            for g, r in zip(gens, rows, strict=True)
+            if isinstance(r.get(key), int | float)
+        ]
+        if points:
+            ax.plot(*zip(*points, strict=True), label=label)
+    ax.set_xlabel("generation")
+    ax.set_ylabel("return")
+    ax.set_title(run_dir.name)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    png_path = run_dir / "learning-curve.png"
+    fig.tight_layout()
+    fig.savefig(png_path)
+    plt.close(fig)
+    return [csv_path, png_path]
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float = GRACE_S) -> None:
+    """SIGTERM (they checkpoint and exit), then SIGKILL whatever outlives `grace_s`."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def run_locally(
+    manifest: Mapping[str, Any],
+    *,
+    processes: int,
+    runs_root: Path = Path("runs"),
+    out: TextIO = sys.stdout,
+) -> int:
+    """Run a validated manifest with `processes` local processes; returns the exit code."""
+    name = manifest["metadata"]["name"]
+    run_dir = (runs_root / name).resolve()
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "experiment.yaml").write_text(yaml.safe_dump(dict(manifest), sort_keys=False))
+    spec = manifest["spec"]
+    coordinator = _free_port()
+    metrics_ports = [
+        port if _port_free(port) else _free_port()
+        for port in (spec["metricsPort"] + i for i in range(processes))
+    ]
+    print(
+        f"evokube run: {name}: {spec['algorithm']['name']} on {spec['environment']['name']}, "
+        f"population {spec['population']['size']}, {processes} process(es)",
+        file=out,
+    )
+    print(f"  run folder: {run_dir}", file=out)
+    print(
+        "  metrics:    " + ", ".join(f"http://127.0.0.1:{p}/metrics" for p in metrics_ports),
+        file=out,
+        flush=True,
+    )
+
+    progress = Progress(run_dir / "history.jsonl", spec["stopping"].get("maxGenerations"), out)
+    procs = []
+    for i in range(processes):
+        log = (run_dir / "logs" / f"process-{i}.log").open("ab")
+        env = process_env(manifest, run_dir, processes, i, coordinator, metrics_ports[i])
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "evokube_trainer.runtime.entrypoint"],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        )
+        log.close()
+    (run_dir / "processes.json").write_text(
+        json.dumps(
+            [
+                {"pid": p.pid, "metrics_port": port}
+                for p, port in zip(procs, metrics_ports, strict=True)
+            ]
+        )
+    )
+    try:
+        while True:
+            states = [p.poll() for p in procs]  # poll every one: any() would stop early
+            progress.poll()
+            if all(code is not None for code in states):
+                break
+            if any(code not in (None, 0) for code in states):
+                # The survivors cannot checkpoint without the lost peer (saves are
+                # collective) and would wait for it until the heartbeat timeout.
+                _stop(procs, grace_s=0)
+                break
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("\ninterrupted: checkpointing (rerun the same command to resume)", file=out)
+        _stop(procs)
+    progress.poll()
+    codes = [p.wait() for p in procs]
+    reports = write_reports(run_dir)
+    if all(code == 0 for code in codes):
+        print(f"done. {', '.join(str(p) for p in reports)}", file=out)
+        return exitcodes.SUCCESS
+    worst = next(c for c in codes if c != 0)
+    failed_id = codes.index(worst)
+    tail = (run_dir / "logs" / f"process-{failed_id}.log").read_text(errors="replace")
+    tail = "\n".join(tail.splitlines()[-15:])
+    print(f"process {failed_id} exited with code {worst}; its log ends:\n{tail}", file=out)
+    if worst == exitcodes.RETRIABLE or worst < 0:
+        print("rerun the same command to resume from the newest checkpoint", file=out)
+    return worst if worst > 0 else exitcodes.RETRIABLE

@@ -1,0 +1,115 @@
+"""Prometheus metrics of one trainer process.
+
+Names carry the `evokube_` prefix and base units; counters end in `_total`;
+the labels (experiment, namespace, process, and a small fixed `stat`/`loss`
+set) stay low-cardinality. Every process serves its own endpoint, so a
+PodMonitor sees the whole gang.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+
+# Prometheus `stat` label -> the workflow metric it reports.
+FITNESS_KEYS = {
+    "best": "ec/fitness_max",
+    "mean": "ec/fitness_mean",
+    "min": "ec/fitness_min",
+    "max": "ec/fitness_max",
+    "std": "ec/fitness_std",
+}
+# Generations take from milliseconds (tiny gymnax runs) to minutes (large Brax populations).
+DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class TrainerMetrics:
+    """The metric families, bound to one process's labels."""
+
+    def __init__(self, experiment: str, namespace: str, process: int, registry=None):
+        self.registry = registry or CollectorRegistry()
+        base = ("experiment", "namespace", "process")
+        self._labels = {"experiment": experiment, "namespace": namespace, "process": str(process)}
+        r = self.registry
+        self.generation = Gauge("evokube_generation", "Generations completed.", base, registry=r)
+        self.env_steps = Counter(
+            "evokube_env_steps",
+            "Environment steps taken by the whole population.",
+            base,
+            registry=r,
+        )
+        self.fitness = Gauge(
+            "evokube_population_fitness",
+            "Fitness of the last evaluated population.",
+            (*base, "stat"),
+            registry=r,
+        )
+        self.eval_return = Gauge(
+            "evokube_eval_return",
+            "Mean episode return of the deployable policy.",
+            base,
+            registry=r,
+        )
+        self.rl_loss = Gauge(
+            "evokube_rl_loss",
+            "Mean RL loss over the generation's updates.",
+            (*base, "loss"),
+            registry=r,
+        )
+        self.generation_seconds = Histogram(
+            "evokube_generation_duration_seconds",
+            "Wall time of one generation.",
+            base,
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.checkpoint_time = Gauge(
+            "evokube_checkpoint_last_success_timestamp_seconds",
+            "Unix time of the newest complete checkpoint.",
+            base,
+            registry=r,
+        )
+        self.build = Info("evokube_build", "Versions this trainer runs with.", registry=r)
+        self.run = Info("evokube_run", "What this process trains.", base, registry=r)
+
+    def describe_run(self, **info: str) -> None:
+        import jax
+
+        from evokube_trainer import __version__
+
+        self.build.info(
+            {
+                "version": __version__,
+                "jax_version": jax.__version__,
+                "python_version": platform.python_version(),
+            }
+        )
+        self.run.labels(**self._labels).info({k: str(v) for k, v in info.items()})
+
+    def record_generation(
+        self, metrics: Mapping[str, float], duration_s: float, new_env_steps: float
+    ) -> None:
+        """Record one generation's metrics dict (as Workflow.step returns it)."""
+        labels = self._labels
+        self.generation.labels(**labels).set(metrics["generation"])
+        if new_env_steps > 0:
+            self.env_steps.labels(**labels).inc(new_env_steps)
+        for stat, key in FITNESS_KEYS.items():
+            if key in metrics:
+                self.fitness.labels(**labels, stat=stat).set(metrics[key])
+        if "eval/return_mean" in metrics:
+            self.eval_return.labels(**labels).set(metrics["eval/return_mean"])
+        for key, value in metrics.items():
+            if key.endswith("_loss"):
+                loss = key.rsplit("/", 1)[-1].removesuffix("_loss")
+                self.rl_loss.labels(**labels, loss=loss).set(value)
+        self.generation_seconds.labels(**labels).observe(duration_s)
+
+    def record_checkpoint(self, unix_time: float) -> None:
+        self.checkpoint_time.labels(**self._labels).set(unix_time)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        """Serve /metrics on `port` from a daemon thread."""
+        start_http_server(port, addr=addr, registry=self.registry)

@@ -1,0 +1,119 @@
+"""Report training progress into the ERLExperiment's `status.progress`.
+
+Only process 0 reports, and only this one field: the operator owns the rest
+of the status (docs/architecture.md). Patches are rate-limited and sent from
+a background thread, so a slow or unreachable API server never slows or
+stops training; the newest progress simply waits for the next try.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+GROUP, VERSION, PLURAL = "evokube.io", "v1alpha1", "erlexperiments"
+
+
+def default_api_client():
+    """In a pod: the ServiceAccount's in-cluster config; elsewhere: $KUBECONFIG."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+class StatusReporter:
+    """Rate-limited, fire-and-forget merge patches of status.progress."""
+
+    def __init__(
+        self,
+        name: str,
+        namespace: str,
+        *,
+        min_interval_s: float = 5.0,
+        api_client_factory: Callable[[], Any] = default_api_client,
+        timeout_s: float = 5.0,
+    ):
+        self.name, self.namespace = name, namespace
+        self.min_interval_s = min_interval_s
+        self.timeout_s = timeout_s
+        self._factory = api_client_factory
+        self._api = None
+        self._pending: dict | None = None
+        self._wake = threading.Condition()
+        self._closed = False
+        self.patches_sent = 0
+        self.failures = 0
+        self._thread = threading.Thread(target=self._run, name="status-reporter", daemon=True)
+        self._thread.start()
+
+    def report(self, **progress: Any) -> None:
+        """Queue the newest progress (generation, envSteps, bestFitness, ...)."""
+        with self._wake:
+            self._pending = {k: v for k, v in progress.items() if v is not None}
+            self._wake.notify()
+
+    def close(self, flush_timeout_s: float = 10.0) -> None:
+        """Send what is pending (once more, best effort) and stop the thread."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(flush_timeout_s)
+
+    def _run(self) -> None:
+        next_allowed = float("-inf")
+        while True:
+            with self._wake:
+                while not self._closed and (
+                    self._pending is None or time.monotonic() < next_allowed
+                ):
+                    self._wake.wait(
+                        None if self._pending is None else next_allowed - time.monotonic()
+                    )
+                progress, self._pending = self._pending, None
+                closing = self._closed
+            if progress is not None and not self._send(progress):
+                with self._wake:  # retry it later, unless something newer came meanwhile
+                    self._pending = self._pending or progress
+            next_allowed = time.monotonic() + self.min_interval_s
+            if closing:
+                return
+
+    def _send(self, progress: dict) -> bool:
+        body = {
+            "status": {
+                "progress": {
+                    **progress,
+                    "updatedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                }
+            }
+        }
+        try:
+            from kubernetes import client
+
+            if self._api is None:
+                self._api = client.CustomObjectsApi(self._factory())
+            self._api.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                self.name,
+                body,
+                _request_timeout=self.timeout_s,
+            )
+            self.patches_sent += 1
+            return True
+        except Exception as err:  # training must never die of this
+            self.failures += 1
+            log.warning("could not report progress to %s/%s: %s", self.namespace, self.name, err)
+            return False

@@ -1,0 +1,217 @@
+"""One trainer process: join the group, resume, run generations, checkpoint, report, exit.
+
+Every process of a multi-host run executes this same loop on its share of the
+devices; the jitted generation is one global computation. Decisions that must
+agree across processes (stop now, checkpoint now) go through one tiny
+all-reduce per generation, so a SIGTERM seen by a single pod still makes the
+whole gang save the same checkpoint and exit together.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import jax
+import numpy as np
+
+from evokube_trainer.recorders import Recorder
+from evokube_trainer.runtime import exitcodes
+from evokube_trainer.runtime.checkpoints import Checkpointer, enable_compilation_cache
+from evokube_trainer.runtime.config import RunConfig
+from evokube_trainer.runtime.metrics import TrainerMetrics
+from evokube_trainer.runtime.status import StatusReporter
+
+log = logging.getLogger(__name__)
+
+# Why a run stops; the agreed reason is the largest code any process raised.
+CONTINUE, STOP_DONE, STOP_PREEMPTED = 0, 1, 2
+
+
+@dataclass
+class StopFlags:
+    """Set from signal handlers; read once per generation."""
+
+    preempted: bool = False
+
+    def install(self) -> None:
+        def on_term(signum, _frame):
+            log.warning("received signal %d: checkpointing and exiting", signum)
+            self.preempted = True
+
+        signal.signal(signal.SIGTERM, on_term)
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    generation: int
+    reason: str
+
+
+def agree(local_code: int) -> int:
+    """The largest stop code over all processes (one small all-reduce)."""
+    if jax.process_count() == 1:
+        return local_code
+    from jax.experimental import multihost_utils
+
+    codes = multihost_utils.process_allgather(np.asarray([local_code], np.int32))
+    return int(np.max(codes))
+
+
+def local_stop_code(
+    config: RunConfig, metrics: Mapping[str, float], started: float, flags: StopFlags
+) -> tuple[int, str]:
+    if flags.preempted:
+        return STOP_PREEMPTED, "preempted (SIGTERM)"
+    if config.max_generations and metrics["generation"] >= config.max_generations:
+        return STOP_DONE, f"reached maxGenerations={config.max_generations}"
+    if config.max_env_steps and metrics["env_steps"] >= config.max_env_steps:
+        return STOP_DONE, f"reached maxEnvSteps={config.max_env_steps}"
+    best = metrics.get("ec/fitness_max")
+    if config.target_fitness is not None and best is not None and best >= config.target_fitness:
+        return STOP_DONE, f"best fitness {best:.4g} reached targetFitness={config.target_fitness}"
+    if config.max_wall_clock_s and time.monotonic() - started >= config.max_wall_clock_s:
+        return STOP_DONE, f"reached maxWallClockSeconds={config.max_wall_clock_s}"
+    return CONTINUE, ""
+
+
+@dataclass
+class _Generations:
+    """The per-generation host work `Workflow.learn` calls back into: agree on stopping,
+    checkpoint, record metrics, report progress."""
+
+    config: RunConfig
+    metrics: TrainerMetrics
+    checkpointer: Checkpointer | None
+    reporter: StatusReporter | None
+    flags: StopFlags
+    env_steps: int
+    started: float = field(default_factory=time.monotonic)
+    code: int = CONTINUE
+    reason: str = ""
+    generation: int = 0
+
+    def on_generation(self, state, host: Mapping[str, float]) -> None:
+        generation = int(host["generation"])
+        if not math.isfinite(host.get("ec/fitness_mean", 0.0)):
+            raise exitcodes.PermanentError(f"training diverged at generation {generation}")
+        new_steps = host["env_steps"] - self.env_steps
+        self.env_steps = host["env_steps"]
+        self.metrics.record_generation(host, host["time/step_s"], new_steps)
+        code, reason = local_stop_code(self.config, host, self.started, self.flags)
+        self.code = agree(code)
+        self.reason = reason or ("a peer was preempted" if self.code == STOP_PREEMPTED else "")
+        self.generation = generation
+        if self.checkpointer and (self.code != CONTINUE or self.checkpointer.due(generation)):
+            self.checkpointer.save(generation, state)
+            self.metrics.record_checkpoint(time.time())
+        if self.reporter is not None and jax.process_index() == 0:
+            self.reporter.report(**_progress(host, self.checkpointer))
+
+    def stop(self, _host: Mapping[str, float]) -> bool:
+        return self.code != CONTINUE
+
+
+def train(
+    config: RunConfig,
+    *,
+    checkpoint_dir: str | None,
+    metrics_port: int | None = None,
+    status_reporter: StatusReporter | None = None,
+    recorders: Sequence[Recorder] = (),
+    flags: StopFlags | None = None,
+) -> Outcome:
+    """Run (or resume) the experiment until a stopping criterion or a preemption.
+
+    In a multi-host run, `distributed.initialize` must have been called first (before
+    anything touches a JAX backend); every process then calls `train` alike.
+    """
+    from evokube_trainer.workflows import DeviceLayout, jit_workflow, make_workflow
+
+    if checkpoint_dir:
+        enable_compilation_cache(os.path.join(checkpoint_dir, "xla-cache"))
+    metrics = TrainerMetrics(config.name, config.namespace, jax.process_index())
+    metrics.describe_run(
+        algorithm=type(config.workflow).__name__,
+        environment=config.workflow.env.name,
+        processes=jax.process_count(),
+        devices=jax.device_count(),
+    )
+    if metrics_port:
+        metrics.serve(metrics_port)
+
+    layout = DeviceLayout.over_all_devices() if jax.device_count() > 1 else None
+    workflow = make_workflow(config.workflow, layout)
+    fns = jit_workflow(workflow)
+    key = jax.random.PRNGKey(config.seed)
+    checkpointer = state = None
+    if checkpoint_dir:
+        checkpointer = Checkpointer(
+            os.path.join(checkpoint_dir, "checkpoints"),
+            interval=config.checkpoint_interval,
+            keep=config.checkpoint_keep,
+        )
+        restored = checkpointer.restore_latest(_restore_template(workflow, key, layout))
+        if restored is not None:
+            state, generation = restored
+            log.info("resumed from checkpoint at generation %d", generation)
+    if state is None:
+        state = fns.init(key)
+
+    generation, env_steps = int(state.generation), int(state.env_steps)
+    if (config.max_generations and generation >= config.max_generations) or (
+        config.max_env_steps and env_steps >= config.max_env_steps
+    ):
+        return Outcome(exitcodes.SUCCESS, generation, "the checkpoint already met the criteria")
+    loop = _Generations(
+        config, metrics, checkpointer, status_reporter, flags or StopFlags(), env_steps
+    )
+    try:
+        workflow.learn(
+            state,
+            stop=loop.stop,
+            recorders=recorders,
+            on_generation=loop.on_generation,
+            eval_every=config.eval_interval,
+            jitted=fns,
+        )
+    finally:
+        if checkpointer:
+            checkpointer.close()
+        if status_reporter is not None:
+            status_reporter.close()
+    code = exitcodes.RETRIABLE if loop.code == STOP_PREEMPTED else exitcodes.SUCCESS
+    return Outcome(code, loop.generation, loop.reason)
+
+
+def _restore_template(workflow, key, layout):
+    abstract = jax.eval_shape(workflow.init, key)
+    if layout is None:
+        return abstract
+    return jax.tree.map(
+        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+        abstract,
+        layout.state_shardings(abstract),
+    )
+
+
+def _progress(metrics: Mapping[str, float], checkpointer: Checkpointer | None) -> dict:
+    steps = checkpointer.steps() if checkpointer else []
+    return {
+        "generation": int(metrics["generation"]),
+        "envSteps": int(metrics["env_steps"]),
+        "bestFitness": _finite(metrics.get("ec/fitness_max")),
+        "meanFitness": _finite(metrics.get("ec/fitness_mean")),
+        "evalReturn": _finite(metrics.get("eval/return_mean")),
+        "lastCheckpoint": steps[-1] if steps else None,
+    }
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
