@@ -81,25 +81,26 @@ build_etcd() {
   touch "$out/.complete"; echo "$out"
 }
 
-build_kwok() {
-  local out="$cache/bin/kwok-$KWOK_VERSION"
+# go_install NAME VERSION PACKAGE@VERSION LDFLAGS: a module without replaces.
+go_install() {
+  local name=$1 version=$2 pkg=$3 ldflags=$4
+  local out="$cache/bin/$name-$version"
   done_in "$out" && { echo "$out"; return; }
-  log "building kwok $KWOK_VERSION into $out"
+  log "building $name $version into $out"
   mkdir -p "$out"
-  GOBIN="$out" go install -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" \
-    "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  GOBIN="$out" go install -ldflags "-s -w $ldflags" "$pkg"
   touch "$out/.complete"; echo "$out"
 }
 
+build_kwok() {
+  go_install kwok "$KWOK_VERSION" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" \
+    "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
+}
+
 build_helm() {
-  local out="$cache/bin/helm-$HELM_VERSION"
-  done_in "$out" && { echo "$out"; return; }
-  log "building helm $HELM_VERSION into $out"
-  mkdir -p "$out"
   local major=${HELM_VERSION%%.*}
-  GOBIN="$out" go install -ldflags "-s -w -X helm.sh/helm/$major/internal/version.version=$HELM_VERSION" \
-    "helm.sh/helm/$major/cmd/helm@$HELM_VERSION"
-  touch "$out/.complete"; echo "$out"
+  go_install helm "$HELM_VERSION" "helm.sh/helm/$major/cmd/helm@$HELM_VERSION" \
+    "-X helm.sh/helm/$major/internal/version.version=$HELM_VERSION"
 }
 
 components=("$@")

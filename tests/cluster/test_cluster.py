@@ -30,6 +30,18 @@ def create_pod(api, namespace, name, **spec) -> client.V1Pod:
     return core.create_namespaced_pod(namespace, pod)
 
 
+def create_cpu_job(batch, namespace, name) -> client.V1Job:
+    """A one-pod Job on the CPU pool that never retries."""
+    template = client.V1PodTemplateSpec(
+        spec=pod_spec(node_selector={"evokube.io/test-pool": "cpu"})
+    )
+    job = client.V1Job(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1JobSpec(template=template, backoff_limit=0),
+    )
+    return batch.create_namespaced_job(namespace, job)
+
+
 def pod_phase(api, namespace, name) -> str:
     return client.CoreV1Api(api).read_namespaced_pod(name, namespace).status.phase
 
@@ -186,18 +198,7 @@ def test_deleting_an_owner_garbage_collects_its_dependents(api, namespace):
         namespace,
         client.V1ConfigMap(metadata=client.V1ObjectMeta(name="dependent", owner_references=[ref])),
     )
-    batch.create_namespaced_job(
-        namespace,
-        client.V1Job(
-            metadata=client.V1ObjectMeta(name="job"),
-            spec=client.V1JobSpec(
-                template=client.V1PodTemplateSpec(
-                    spec=pod_spec(node_selector={"evokube.io/test-pool": "cpu"})
-                ),
-                backoff_limit=0,
-            ),
-        ),
-    )
+    create_cpu_job(batch, namespace, "job")
     wait_until(
         lambda: core.list_namespaced_pod(namespace, label_selector="job-name=job").items,
         60,
@@ -218,18 +219,7 @@ def test_deleting_an_owner_garbage_collects_its_dependents(api, namespace):
 def test_a_running_job_pod_that_is_deleted_goes_away(api, namespace):
     """No kubelet runs here; kwok must stop the pod so the Job controller releases it."""
     core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
-    batch.create_namespaced_job(
-        namespace,
-        client.V1Job(
-            metadata=client.V1ObjectMeta(name="job"),
-            spec=client.V1JobSpec(
-                template=client.V1PodTemplateSpec(
-                    spec=pod_spec(node_selector={"evokube.io/test-pool": "cpu"})
-                ),
-                backoff_limit=0,
-            ),
-        ),
-    )
+    create_cpu_job(batch, namespace, "job")
 
     def running_pod():
         pods = core.list_namespaced_pod(namespace, label_selector="job-name=job").items
