@@ -68,10 +68,16 @@ def initialize(
     initialization_timeout_s: int = 300,
     heartbeat_timeout_s: int = 100,
 ) -> None:
-    """Join the group (no-op for a single local process)."""
+    """Join the group; without one, auto-detect a multi-host TPU slice, else do nothing."""
     import jax
 
     if group is None:
+        if os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") > 0:
+            # A multi-host Cloud TPU slice without our variables: JAX finds its peers.
+            jax.distributed.initialize(
+                initialization_timeout=initialization_timeout_s,
+                heartbeat_timeout_seconds=heartbeat_timeout_s,
+            )
         return
     wait_for_dns(group.coordinator_address, initialization_timeout_s)
     jax.distributed.initialize(
