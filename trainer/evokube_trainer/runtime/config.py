@@ -179,6 +179,7 @@ def to_run_config(manifest: Mapping[str, Any]) -> RunConfig:
     )
     hidden = spec["policy"]["hiddenLayers"]
     common = dict(env=env_config, pop_size=pop, optimizer=optimizer, optimizer_options=options)
+    workflow: ECConfig | ERLConfig | CEMRLConfig
     if config_type is ECConfig:
         workflow = ECConfig(**common, actor_hidden_sizes=tuple(hidden))
     else:

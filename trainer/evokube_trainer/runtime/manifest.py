@@ -130,7 +130,7 @@ def _cel_split(text: celtypes.StringType, sep: celtypes.StringType) -> celtypes.
 
 
 _CEL = celpy.Environment()
-_CEL_FUNCTIONS = {"split": _cel_split}
+_CEL_FUNCTIONS: dict[str, Any] = {"split": _cel_split}
 
 
 @functools.cache

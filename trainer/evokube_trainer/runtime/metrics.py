@@ -74,7 +74,7 @@ class TrainerMetrics:
         self.build = Info("evokube_build", "Versions this trainer runs with.", registry=r)
         self.run = Info("evokube_run", "What this process trains.", base, registry=r)
 
-    def describe_run(self, **info: str) -> None:
+    def describe_run(self, **info: object) -> None:
         import jax
 
         from evokube_trainer import __version__

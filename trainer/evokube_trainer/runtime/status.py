@@ -47,7 +47,7 @@ class StatusReporter:
         self.min_interval_s = min_interval_s
         self.timeout_s = timeout_s
         self._factory = api_client_factory
-        self._api = None
+        self._api: Any = None  # a CustomObjectsApi, made on first use
         self._pending: dict | None = None
         self._wake = threading.Condition()
         self._closed = False

@@ -102,7 +102,7 @@ class _Generations:
         if not math.isfinite(host.get("ec/fitness_mean", 0.0)):
             raise exitcodes.PermanentError(f"training diverged at generation {generation}")
         new_steps = host["env_steps"] - self.env_steps
-        self.env_steps = host["env_steps"]
+        self.env_steps = int(host["env_steps"])
         self.metrics.record_generation(host, host["time/step_s"], new_steps)
         code, reason = local_stop_code(self.config, host, self.started, self.flags)
         self.code = agree(code)
