@@ -24,3 +24,9 @@ def test_all_running_counts_distinct_hosts():
     assert success.all_running([pod(0), pod(1)], 2)
     assert not success.all_running([pod(0), pod(0)], 2)
     assert not success.all_running([pod(0), pod(1, "Pending")], 2)
+
+
+def test_a_gang_whose_hosts_exit_0_one_by_one_is_still_running():
+    # Not back to Pending ("waiting for hosts") between Running and Succeeded.
+    assert success.all_running([pod(0, "Succeeded", exit_code=0), pod(1)], 2)
+    assert not success.all_running([pod(0, "Succeeded", exit_code=0), pod(1, "Pending")], 2)

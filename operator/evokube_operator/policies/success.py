@@ -16,6 +16,10 @@ def succeeded(job: JobView, pods: Sequence[PodView], hosts: int) -> bool:
 
 
 def all_running(pods: Sequence[PodView], hosts: int) -> bool:
-    """Every host's pod runs (and none is on its way out)."""
-    running = {p.index for p in pods if p.phase == "Running" and not p.deleting}
+    """Every host's pod runs or already exited 0 (and none is on its way out).
+
+    Hosts of a finishing gang exit one after another: that gang still runs; it is
+    not waiting for hosts.
+    """
+    running = {p.index for p in pods if p.phase in ("Running", "Succeeded") and not p.deleting}
     return len(running) >= hosts

@@ -105,7 +105,10 @@ def _dotted(parts) -> str:
 
 
 def _schema_errors(manifest: dict) -> list[FieldError]:
-    validator = jsonschema.Draft4Validator(_to_jsonschema(crd_schema()))
+    schema = _to_jsonschema(crd_schema())
+    # The API server owns ObjectMeta (namespace, labels, ...); the CRD only narrows `name`.
+    schema["properties"]["metadata"]["additionalProperties"] = True
+    validator = jsonschema.Draft4Validator(schema)
     errors = []
     for err in validator.iter_errors(manifest):
         path = list(err.absolute_path)

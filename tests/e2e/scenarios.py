@@ -1,0 +1,546 @@
+"""What the end-to-end tests and the demo do to a running `Stack`, and what they measure.
+
+Each scenario applies tests/e2e/experiment.yaml (or a changed copy) in its own
+namespace, disturbs the run (a killed trainer, an eviction, a killed operator),
+waits until the experiment succeeds and returns a `Report`: the measurements
+the tests assert on, and a `Timeline` of everything that happened, which the
+demo prints and a failing test shows.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from tests.cluster.controlplane import wait_until
+from tests.e2e.podrunner import local_process
+from tests.e2e.stack import (
+    EXPERIMENT,
+    GROUP,
+    PLURAL,
+    RELEASE_NAMESPACE,
+    VERSION,
+    Samples,
+    Stack,
+)
+
+RESUMED = re.compile(r"resumed from checkpoint at generation (\d+)")
+STOPPED = re.compile(r"stopped at generation (\d+): (.*)")
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+# -- the timeline ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Entry:
+    at: float  # seconds since the timeline began
+    clock: str
+    what: str
+    detail: str
+
+
+class Timeline:
+    """Timestamped lines of what happened; echoed as they come when `echo` is given."""
+
+    def __init__(self, echo: TextIO | None = None):
+        self.started = time.monotonic()
+        self.entries: list[Entry] = []
+        self.echo = echo
+        self._lock = threading.Lock()
+
+    def add(self, what: str, detail: str = "") -> None:
+        entry = Entry(
+            time.monotonic() - self.started, datetime.now().strftime("%H:%M:%S"), what, detail
+        )
+        with self._lock:
+            self.entries.append(entry)
+            if self.echo is not None:
+                print(format_entry(entry), file=self.echo, flush=True)
+
+    def __str__(self) -> str:
+        return "\n".join(format_entry(e) for e in self.entries)
+
+
+def format_entry(entry: Entry) -> str:
+    return f"{entry.clock} {entry.at:+7.1f}s  {entry.what:<22} {entry.detail}".rstrip()
+
+
+# -- watching what the cluster shows -----------------------------------------------------------
+class Watcher:
+    """Follows the experiment and its pods (watch streams: no state is missed) and polls
+    its Jobs and the operator pod; adds every change to the timeline."""
+
+    def __init__(self, stack: Stack, namespace: str, name: str, timeline: Timeline):
+        self.stack, self.namespace, self.name, self.timeline = stack, namespace, name, timeline
+        self.progress: list[tuple[int, float | None]] = []  # (generation, best) as status shows
+        self.tables: list[tuple[str, str]] = []  # `kubectl get erlx` (header, row) at each
+        self.jobs: dict[str, set[str]] = {}  # Job name -> every uid seen
+        self.phases: list[str] = []
+        self._pods: dict[str, tuple] = {}
+        self._operator: tuple | None = None  # (restart count, pid) of the running operator
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        custom, core = self.stack.custom, self.stack.core
+        self._spawn(
+            self._follow,
+            custom.list_namespaced_custom_object,
+            (GROUP, VERSION, self.namespace, PLURAL),
+            {"field_selector": f"metadata.name={self.name}"},
+            self._on_experiment,
+        )
+        self._spawn(
+            self._follow,
+            core.list_namespaced_pod,
+            (self.namespace,),
+            {"label_selector": f"evokube.io/experiment={self.name}"},
+            self._on_pod,
+        )
+        self._spawn(self._poll)
+
+    def _spawn(self, target, *args) -> None:
+        thread = threading.Thread(target=target, args=args, name="e2e-watcher", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(10)
+
+    def _follow(self, list_fn, args: tuple, kwargs: dict, handle) -> None:
+        """Every state of the listed objects: a watch, renewed from where the last one ended."""
+        from kubernetes import watch
+
+        version = None
+        while not self._stop.is_set():
+            stream = watch.Watch()
+            since = {"resource_version": version} if version else {}
+            try:
+                for event in stream.stream(list_fn, *args, timeout_seconds=3, **kwargs, **since):
+                    body = event["raw_object"]
+                    if event["type"] == "ERROR":  # 410 Gone: too old; list afresh
+                        version = None
+                        break
+                    version = body["metadata"]["resourceVersion"]
+                    handle(body)
+                    if self._stop.is_set():
+                        break
+            except Exception as err:  # an API hiccup: watch again
+                self.timeline.add("watcher", f"watch failed: {str(err).splitlines()[0]}")
+                version = None
+                self._stop.wait(0.5)
+            finally:
+                stream.stop()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                self._look_at_jobs()
+                self._look_at_operator()
+            except Exception as err:  # an API hiccup: look again next time
+                self.timeline.add("watcher", f"could not look: {str(err).splitlines()[0]}")
+
+    def _on_experiment(self, experiment: dict[str, Any]) -> None:
+        status = experiment.get("status") or {}
+        phase = status.get("phase")
+        if phase and (not self.phases or self.phases[-1] != phase):
+            self.phases.append(phase)
+            self.timeline.add(f"phase {phase}", _phase_detail(status))
+        progress = status.get("progress") or {}
+        if "generation" in progress:
+            seen = (progress["generation"], progress.get("bestFitness"))
+            if not self.progress or self.progress[-1] != seen:
+                self.progress.append(seen)
+                header, row = self.stack.get_row(self.namespace, self.name)
+                self.tables.append((header, row))
+                self.timeline.add("kubectl get erlx", row)
+
+    def _look_at_jobs(self) -> None:
+        jobs = self.stack.batch.list_namespaced_job(
+            self.namespace, label_selector=f"evokube.io/experiment={self.name}"
+        ).items
+        for job in jobs:
+            uids = self.jobs.setdefault(job.metadata.name, set())
+            if job.metadata.uid not in uids:
+                uids.add(job.metadata.uid)
+                self.timeline.add(
+                    "Job created", f"{job.metadata.name} (uid {job.metadata.uid[:8]})"
+                )
+
+    def _on_pod(self, pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        state = _container_state(pod)
+        key = (pod["status"].get("phase"), next(iter(state), None))
+        if self._pods.get(name) == key:
+            return
+        self._pods[name] = key
+        index = int(pod["metadata"]["annotations"][COMPLETION_INDEX])
+        if "running" in state:
+            process = local_process(pod) or {}
+            self.timeline.add(
+                "pod running",
+                f"{name}: host {index} on {pod['spec']['nodeName']}, pid {process.get('pid')}",
+            )
+        elif "terminated" in state:
+            code = state["terminated"]["exitCode"]
+            disrupted = _disruption(pod)
+            why = f", {disrupted}" if disrupted else ""
+            self.timeline.add(
+                f"pod {pod['status']['phase']}", f"{name}: host {index}, exit code {code}{why}"
+            )
+
+    def _look_at_operator(self) -> None:
+        pod = self.stack.operator_pod()
+        if "running" not in _container_state(pod):
+            return
+        seen = (_container_restarts(pod), (local_process(pod) or {}).get("pid"))
+        if self._operator is not None and seen != self._operator:
+            self.timeline.add("operator restarted", f"container restart {seen[0]}, pid {seen[1]}")
+        self._operator = seen
+
+
+def table_columns(header: str, row: str) -> dict[str, str]:
+    """One row of a kubectl table as {column: cell}, cut where the header's columns start."""
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    ends = [*starts[1:], None]
+    return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, ends, strict=True)}
+
+
+def _phase_detail(status: dict[str, Any]) -> str:
+    counts = f"restarts {status.get('restarts', 0)}, preemptions {status.get('preemptions', 0)}"
+    conditions = {c["type"]: c for c in status.get("conditions") or []}
+    phase = status.get("phase")
+    if phase in ("Restarting", "Succeeded", "Failed"):
+        condition = conditions.get(phase, {})
+        message = (condition.get("message") or "").splitlines()[0][:120]
+        return f"{condition.get('reason', '')}: {message} ({counts})"
+    return f"Job {status.get('jobName', '-')} ({counts})"
+
+
+def _container_state(pod: dict[str, Any]) -> dict[str, Any]:
+    statuses = pod.get("status", {}).get("containerStatuses") or [{}]
+    return statuses[0].get("state") or {}
+
+
+def _container_restarts(pod: dict[str, Any]) -> int:
+    statuses = pod.get("status", {}).get("containerStatuses") or [{}]
+    return statuses[0].get("restartCount", 0)
+
+
+def _disruption(pod: dict[str, Any]) -> str | None:
+    for condition in pod["status"].get("conditions") or []:
+        if condition["type"] == "DisruptionTarget" and condition["status"] == "True":
+            return f"DisruptionTarget ({condition.get('reason', '')})"
+    return None
+
+
+# -- what the scenarios share ------------------------------------------------------------------
+@dataclass
+class Report:
+    """What one scenario measured; `timeline` says how it went."""
+
+    timeline: Timeline
+    watcher: Watcher
+    status: dict[str, Any] = field(default_factory=dict)  # the final status
+    target: float = 0.0
+    interval: int = 0  # checkpoint.intervalGenerations
+    disturbed_at: int = 0  # the generation the gang had reached when disturbed
+    resumed_at: int = -1  # the generation the next attempt resumed from
+    stopped: dict[str, str] = field(default_factory=dict)  # pod -> its "stopped at ..." line
+    mid_run: dict[int, Samples] = field(default_factory=dict)  # host -> its /metrics
+    operator_before: Samples = field(default_factory=dict)  # the operator's /metrics at start
+    operator: Samples = field(default_factory=dict)  # and at the end
+    events: list[str] = field(default_factory=list)  # the experiment's Event reasons
+    # pod -> (exit code, DisruptionTarget), as the runner reported them
+    endings: dict[str, tuple[int | None, bool]] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return str(self.timeline)
+
+
+def experiment_document(**spec_changes: Any) -> dict[str, Any]:
+    """experiment.yaml, with top-level spec fields merged (one level deep) from `spec_changes`."""
+    document = yaml.safe_load(EXPERIMENT.read_text())
+    for key, value in spec_changes.items():
+        old = document["spec"].get(key)
+        document["spec"][key] = {**old, **value} if isinstance(old, dict) else value
+    return document
+
+
+def _wait(report: Report, what: str, predicate, timeout: float, interval: float = 0.2):
+    """Wait for `predicate`; give up at once if the experiment failed. Errors show the timeline."""
+
+    def done_or_failed():
+        if report.watcher.phases and report.watcher.phases[-1] == "Failed":
+            raise AssertionError(f"the experiment failed while waiting for {what}")
+        return predicate()
+
+    try:
+        return wait_until(done_or_failed, timeout, what, interval=interval)
+    except (TimeoutError, AssertionError) as err:
+        raise type(err)(f"{err}\n--- timeline ---\n{report.timeline}") from None
+
+
+def _running_gang(stack: Stack, ns: str, job: str, hosts: int, report: Report) -> dict:
+    def gang():
+        pods = stack.trainer_pods(ns, job)
+        running = {
+            i: p
+            for i, p in pods.items()
+            if "running" in _container_state(p) and local_process(p) is not None
+        }
+        return running if len(running) == hosts else None
+
+    return _wait(report, f"{hosts} running pods of Job {job}", gang, 180)
+
+
+def _generation(stack: Stack, pod: dict[str, Any]) -> int:
+    """The generation a trainer pod's /metrics shows (0 before the first)."""
+    samples = stack.scrape(pod)
+    return int(max((v for (n, _), v in samples.items() if n == "evokube_generation"), default=0))
+
+
+def _log_match(pod: dict[str, Any], pattern: re.Pattern) -> re.Match | None:
+    process = local_process(pod)
+    if process is None or not Path(process["log"]).exists():
+        return None
+    return pattern.search(Path(process["log"]).read_text(errors="replace"))
+
+
+def _train_until(stack: Stack, ns: str, job: str, generation: int, report: Report) -> dict:
+    """Wait for the gang of `job` to reach `generation`; returns its pods by host."""
+    pods = _running_gang(stack, ns, job, 2, report)
+    _wait(
+        report,
+        f"generation {generation} on /metrics of {job}",
+        lambda: _generation(stack, pods[0]) >= generation,
+        180,
+        interval=0.05,  # a generation takes tens of milliseconds
+    )
+    return pods
+
+
+def _finish(stack: Stack, ns: str, name: str, attempt_job: str, report: Report) -> Report:
+    """Wait for the next attempt to resume and the experiment to succeed; fill the report."""
+    pods = _running_gang(stack, ns, attempt_job, 2, report)
+    match = _wait(
+        report,
+        f"{attempt_job} to resume from a checkpoint",
+        lambda: _log_match(pods[0], RESUMED),
+        120,
+    )
+    report.resumed_at = int(match.group(1))
+    report.timeline.add(
+        "resumed", f"{attempt_job} from the checkpoint of generation {report.resumed_at}"
+    )
+    _wait(
+        report, f"{ns}/{name} to succeed", lambda: report.watcher.phases[-1:] == ["Succeeded"], 240
+    )
+    report.status = stack.status(ns, name)
+    report.operator = stack.operator_samples()
+    events = stack.core.list_namespaced_event(
+        ns, field_selector=f"involvedObject.name={name},involvedObject.kind=ERLExperiment"
+    ).items
+    # resourceVersion orders them as they were created (timestamps have whole seconds).
+    report.events = [
+        e.reason for e in sorted(events, key=lambda e: int(e.metadata.resource_version))
+    ]
+    report.endings = stack.runner.endings(ns)
+    return report
+
+
+def _stopped_lines(stack: Stack, ns: str, job: str, report: Report) -> None:
+    """Each pod's "stopped at generation G: why" line, from the logs the runner kept."""
+    for local in stack.runner.pods.values():
+        if local.namespace == ns and local.name.startswith(f"{job}-"):
+            match = STOPPED.search(local.log_path.read_text(errors="replace"))
+            if match:
+                report.stopped[local.name] = match.group(0)
+
+
+# -- the scenarios -----------------------------------------------------------------------------
+# Generation at which a trainer is killed: after the checkpoint of 5, long before the
+# target (generation 64). Checkpoints are written synchronously, so whenever the kill
+# lands, the newest complete one is at most one interval behind.
+KILL_AT = 7
+
+
+def _begin(stack: Stack, ns: str, timeline: Timeline, **spec_changes: Any) -> Report:
+    """Apply experiment.yaml (changed by `spec_changes`, if any); the watcher starts first."""
+    document = experiment_document(**spec_changes)
+    name, spec = document["metadata"]["name"], document["spec"]
+    report = Report(timeline, Watcher(stack, ns, name, timeline))
+    report.target = spec["stopping"]["targetFitness"]
+    report.interval = spec["checkpoint"]["intervalGenerations"]
+    report.operator_before = stack.operator_samples()
+    report.watcher.start()
+    stack.apply(ns, document if spec_changes else None)
+    changed = ", ".join(f"{k}: {v}" for k, v in spec_changes.items())
+    timeline.add("kubectl apply", f"-n {ns} -f tests/e2e/experiment.yaml {changed}".rstrip())
+    report.notes["uid"] = stack.experiment(ns, name)["metadata"]["uid"]
+    return report
+
+
+def killed_trainer(stack: Stack, ns: str, timeline: Timeline) -> Report:
+    """SIGKILL one trainer mid-run: a counted gang restart that resumes from the checkpoint."""
+    report = _begin(stack, ns, timeline)
+    name = report.watcher.name
+    try:
+        pods = _train_until(stack, ns, f"{name}-0", KILL_AT, report)
+        report.mid_run = {i: stack.scrape(p) for i, p in pods.items()}
+        victim = pods[1]["metadata"]["name"]
+        pid = stack.runner.kill(ns, victim, signal.SIGKILL)
+        # The survivor cannot compute another generation without its peer.
+        report.disturbed_at = _generation(stack, pods[0]) or _generation_of(report.mid_run[0])
+        timeline.add("SIGKILL", f"pid {pid} (host 1, {victim}) at generation {report.disturbed_at}")
+        return _finish(stack, ns, name, f"{name}-1", report)
+    finally:
+        report.watcher.stop()
+
+
+def evicted_trainer(stack: Stack, ns: str, timeline: Timeline) -> Report:
+    """Evict one trainer pod: the gang checkpoints on SIGTERM; the restart is not counted."""
+    from kubernetes import client
+
+    report = _begin(stack, ns, timeline, maxRestarts=0, checkpoint={"intervalGenerations": 1000})
+    name = report.watcher.name
+    try:
+        pods = _train_until(stack, ns, f"{name}-0", 8, report)
+        victim = pods[1]["metadata"]["name"]
+        report.disturbed_at = _generation(stack, pods[0])
+        eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=victim, namespace=ns))
+        stack.core.create_namespaced_pod_eviction(victim, ns, eviction)
+        timeline.add("evicted", f"{victim} (host 1) through the Eviction API")
+        _finish(stack, ns, name, f"{name}-1", report)
+        _stopped_lines(stack, ns, f"{name}-0", report)
+        return report
+    finally:
+        report.watcher.stop()
+
+
+def killed_operator(stack: Stack, ns: str, timeline: Timeline) -> Report:
+    """Kill the operator between writing a restart into status and creating the new Job."""
+    report = _begin(stack, ns, timeline)
+    name = report.watcher.name
+    next_job = f"{name}-1"
+    try:
+        hold = JobHold(stack, ns, next_job)
+        hold.install()
+        timeline.add("hold", f"an admission policy refuses Job {next_job} for now")
+        pods = _train_until(stack, ns, f"{name}-0", KILL_AT, report)
+        victim = pods[0]["metadata"]["name"]
+        report.disturbed_at = _generation(stack, pods[1])
+        pid = stack.runner.kill(ns, victim, signal.SIGKILL)
+        timeline.add("SIGKILL", f"pid {pid} (host 0, {victim}) at generation {report.disturbed_at}")
+
+        def restart_half_done():
+            refused = stack.operator_metric(
+                "evokube_operator_api_requests_total", verb="POST", kind="Job", code="403"
+            )
+            return stack.status(ns, name).get("jobName") == next_job and refused >= 1
+
+        _wait(report, f"the operator to be refused Job {next_job}", restart_half_done, 120)
+        report.notes["status_at_crash"] = stack.status(ns, name)
+        report.notes["jobs_at_crash"] = sorted(
+            j.metadata.name
+            for j in stack.batch.list_namespaced_job(ns).items
+            if not j.metadata.deletion_timestamp
+        )
+        operator = stack.operator_pod()
+        pid = stack.runner.kill(RELEASE_NAMESPACE, operator["metadata"]["name"], signal.SIGKILL)
+        timeline.add(
+            "SIGKILL operator", f"pid {pid}: status names {next_job}, which does not exist"
+        )
+        hold.remove()
+        timeline.add("hold removed", f"Job {next_job} may be created")
+        _finish(stack, ns, name, next_job, report)
+        report.notes["operator_restarts"] = _container_restarts(stack.operator_pod())
+        return report
+    finally:
+        report.watcher.stop()
+
+
+def _generation_of(samples: Samples) -> int:
+    return int(max((v for (n, _), v in samples.items() if n == "evokube_generation"), default=0))
+
+
+class JobHold:
+    """A ValidatingAdmissionPolicy that refuses (403) creating one Job, until removed."""
+
+    def __init__(self, stack: Stack, namespace: str, job: str):
+        self.stack, self.namespace, self.job = stack, namespace, job
+        self.name = f"e2e-hold-{namespace}"[:63]
+
+    def install(self) -> None:
+        policy = {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": self.name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": ["batch"],
+                            "apiVersions": ["v1"],
+                            "operations": ["CREATE"],
+                            "resources": ["jobs"],
+                        }
+                    ]
+                },
+                # Forbidden (403), which the operator retries; Invalid (422) it would not.
+                "validations": [
+                    {
+                        "expression": f"object.metadata.name != '{self.job}'",
+                        "reason": "Forbidden",
+                        "message": f"the e2e test holds Job {self.job}",
+                    }
+                ],
+            },
+        }
+        binding = {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": self.name},
+            "spec": {
+                "policyName": self.name,
+                "validationActions": ["Deny"],
+                "matchResources": {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": self.namespace}
+                    }
+                },
+            },
+        }
+        self.stack.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([policy, binding]))
+        wait_until(self._refused, 30, f"the hold on Job {self.job} to take effect")
+
+    def _refused(self) -> bool:
+        run = self.stack.cluster.kubectl(
+            "create", "job", self.job, "--image=x", "-n", self.namespace, "--dry-run=server",
+            check=False,
+        )  # fmt: skip
+        return run.returncode != 0 and "holds" in run.stderr
+
+    def remove(self) -> None:
+        self.stack.cluster.kubectl(
+            "delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", self.name
+        )
+        wait_until(lambda: not self._refused(), 30, f"the hold on Job {self.job} to go")
+
+
+SCENARIOS = {
+    "killed-trainer": killed_trainer,
+    "evicted-trainer": evicted_trainer,
+    "killed-operator": killed_operator,
+}

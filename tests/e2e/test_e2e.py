@@ -1,0 +1,151 @@
+"""End to end: `helm install`, `kubectl apply`, real trainers, and things going wrong.
+
+The chart's operator and every trainer pod run as local processes on the pod
+runner's pool (tests/e2e/podrunner.py); the two trainer processes of a gang form
+one jax.distributed group. Each test runs one scenario of tests/e2e/scenarios.py
+to Succeeded and checks what it measured; a failing assertion prints the
+scenario's timeline.
+"""
+
+import pytest
+
+from tests.e2e import scenarios
+from tests.e2e.scenarios import KILL_AT, Report, Timeline, table_columns
+
+pytestmark = pytest.mark.cluster
+
+NAME = "cartpole"
+PHASES = ["Pending", "Running", "Restarting", "Running", "Succeeded"]
+
+
+def check_success(report: Report) -> dict:
+    """Succeeded, with progress and conditions that agree; returns the status."""
+    status = report.status
+    assert status["phase"] == "Succeeded", report
+    # Every phase the experiment went through, as a watch saw them.
+    assert report.watcher.phases == PHASES, report
+    assert status["hosts"] == 2 and status["completionTime"], report
+    assert status["checkpointLocation"] == "/checkpoints"
+    progress = status["progress"]
+    assert progress["bestFitness"] >= report.target, report
+    assert progress["lastCheckpoint"] == progress["generation"], report  # saved on the way out
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert (conditions["Succeeded"]["status"], conditions["Succeeded"]["reason"]) == (
+        "True",
+        "Completed",
+    )
+    assert conditions["Running"]["status"] == conditions["Restarting"]["status"] == "False"
+    assert "Failed" not in conditions
+    assert report.events.count("JobCreated") == 2, report.events
+    assert report.events[0] == "JobCreated" and report.events[-1] == "Completed", report.events
+    return status
+
+
+def check_progress_rose(report: Report) -> None:
+    """`kubectl get erlx` showed the generation and the best fitness rising to the end."""
+    rows = [table_columns(h, r) for h, r in report.watcher.tables]
+    # Process 0 patches progress at most every 5 s: the resumed attempt alone gives two rows.
+    assert len(rows) >= 2, report
+    generations = [int(r["GENERATION"]) for r in rows]
+    best = [float(r["BEST"]) for r in rows]
+    assert generations[-1] == report.status["progress"]["generation"], report
+    assert generations[0] < generations[-1] and best[0] < best[-1], report
+    assert best[-1] >= report.target, report
+
+
+def check_one_job_per_attempt(report: Report, attempts: int) -> None:
+    assert report.watcher.jobs.keys() == {f"{NAME}-{a}" for a in range(attempts)}, report
+    assert all(len(uids) == 1 for uids in report.watcher.jobs.values()), report.watcher.jobs
+
+
+def counter_delta(report: Report, name: str, **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return report.operator.get(key, 0.0) - report.operator_before.get(key, 0.0)
+
+
+def test_a_killed_trainer_restarts_the_gang_from_its_checkpoint_to_the_target(stack, e2e_namespace):
+    report = scenarios.killed_trainer(stack, e2e_namespace, Timeline())
+
+    status = check_success(report)
+    assert (status["restarts"], status.get("preemptions", 0)) == (1, 0), report
+    assert status["jobName"] == f"{NAME}-1"
+    check_progress_rose(report)
+    check_one_job_per_attempt(report, 2)
+    # The SIGKILLed process's pod failed with 137, which the operator retries (counted).
+    assert report.endings[_pod(report, 0, 1)] == (137, False), report.endings
+    assert "RetriableFailure" in report.events
+    # Resumed from the newest periodic checkpoint: at most one interval is computed again.
+    assert report.disturbed_at >= KILL_AT
+    assert report.resumed_at > 0 and report.resumed_at % report.interval == 0, report
+    assert 0 <= report.disturbed_at - report.resumed_at <= report.interval, report
+    # Both hosts served their metrics mid-run, as one group of two processes.
+    for host, samples in report.mid_run.items():
+        labels = (("experiment", NAME), ("namespace", e2e_namespace), ("process", str(host)))
+        assert samples[("evokube_generation", labels)] >= KILL_AT
+        assert samples[("evokube_env_steps_total", labels)] > 0
+        assert samples[("evokube_checkpoint_last_success_timestamp_seconds", labels)] > 0
+        run_info = [dict(k[1]) for k in samples if k[0] == "evokube_run_info"]
+        assert run_info[0]["processes"] == "2" and run_info[0]["devices"] == "2"
+    assert counter_delta(report, "evokube_operator_gang_restarts_total", kind="counted") == 1
+
+
+def test_an_evicted_trainer_checkpoints_on_sigterm_and_the_restart_is_not_counted(
+    stack, e2e_namespace
+):
+    report = scenarios.evicted_trainer(stack, e2e_namespace, Timeline())
+
+    status = check_success(report)
+    # maxRestarts is 0: a counted restart would have failed the experiment.
+    assert (status.get("restarts", 0), status["preemptions"]) == (0, 1), report
+    assert "Preempted" in report.events
+    check_one_job_per_attempt(report, 2)
+    # The evicted host got SIGTERM; the gang agreed to stop, checkpointed, and both exited 75.
+    assert report.endings[_pod(report, 0, 1)] == (75, True), report.endings
+    assert report.endings[_pod(report, 0, 0)] == (75, False), report.endings
+    # (Deleting the old Job signals the other host too, so which one names itself
+    # the preempted one is a race; the generation they stopped at is not.)
+    reasons = {line.split(": ", 1)[1] for line in report.stopped.values()}
+    assert len(report.stopped) == 2, report.stopped
+    assert reasons <= {"preempted (SIGTERM)", "a peer was preempted"}, report.stopped
+    # No periodic checkpoint exists, so the resume point is the SIGTERM one: nothing lost.
+    stopped_at = {int(line.split()[3].rstrip(":")) for line in report.stopped.values()}
+    assert stopped_at == {report.resumed_at} and report.resumed_at >= report.disturbed_at
+    assert counter_delta(report, "evokube_operator_gang_restarts_total", kind="preemption") == 1
+    assert counter_delta(report, "evokube_operator_gang_restarts_total", kind="counted") == 0
+
+
+def test_an_operator_killed_mid_restart_is_replaced_and_the_new_one_converges(stack, e2e_namespace):
+    report = scenarios.killed_operator(stack, e2e_namespace, Timeline())
+
+    # When the operator died, the restart was half done: status had moved on to
+    # attempt 1, whose Job the admission hold had kept from being created.
+    at_crash = report.notes["status_at_crash"]
+    assert (at_crash["phase"], at_crash["jobName"], at_crash["restarts"]) == (
+        "Restarting",
+        f"{NAME}-1",
+        1,
+    )
+    assert f"{NAME}-1" not in report.notes["jobs_at_crash"]
+    # The chart's Deployment pod restarted the operator, which finished the restart
+    # once, created the Job once and counted nothing twice.
+    assert report.notes["operator_restarts"] >= 1
+    status = check_success(report)
+    assert (status["restarts"], status.get("preemptions", 0)) == (1, 0), report
+    assert stack.experiment(e2e_namespace, NAME)["metadata"]["uid"] == report.notes["uid"]
+    check_one_job_per_attempt(report, 2)
+    created = report.operator[
+        (
+            "evokube_operator_api_requests_total",
+            (("code", "201"), ("kind", "Job"), ("verb", "POST")),
+        )
+    ]
+    assert created == 1, report  # by the new operator process, whose counters start at 0
+    assert 0 <= report.disturbed_at - report.resumed_at <= report.interval, report
+
+
+def _pod(report: Report, attempt: int, host: int) -> str:
+    """The name of the pod of `host` in `attempt`."""
+    for name in report.endings:
+        if name.startswith(f"{NAME}-{attempt}-{host}-"):
+            return name
+    raise AssertionError(f"no pod of host {host} in attempt {attempt}\n{report}")
