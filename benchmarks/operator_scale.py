@@ -1,0 +1,426 @@
+"""Operator at scale: N experiments of 4 CPU hosts each on the kwok test control plane.
+
+    .venv/bin/python benchmarks/operator_scale.py --experiments 100 500
+    .venv/bin/python benchmarks/operator_scale.py --experiments 1000 --timeout 900 \
+        --operator-args --workers 16
+
+For each N the script starts a fresh test control plane (tests/cluster), adds fake CPU nodes
+until the gangs fit (110 pods a node), installs the CRD, starts `evokube-operator` as a child
+process (admin credentials: RBAC is not what is measured) and creates N ERLExperiments of 4
+hosts as fast as the API accepts them, from `--clients` threads. Watches (opened before the
+first create) time-stamp, for each experiment, the first ADDED event of its Job and the first
+status with phase Running. Latencies are measured from the moment the create call returned,
+on the same clock. While it runs, the operator's RSS and CPU time are sampled from /proc.
+
+Reported per N: create rate, p50/p99/max creation -> Job and creation -> Running, how many
+reached Running before `--timeout`, the operator's peak RSS, its CPU seconds and mean CPU
+share, reconciles and reconcile errors (operator metrics), the operator's own API requests per
+experiment (its counter, by verb), and the API server's count of writes to erlexperiments
+(Kopf's annotation patches and the operator's status patches) per experiment. Once all are
+Running, every experiment gets one `status.progress` merge patch, as the trainer's
+StatusReporter sends it, and the script counts the reconciles that follow (per patch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.cluster.controlplane import ControlPlane, fake_node, free_port, wait_until  # noqa: E402
+
+GROUP, VERSION, PLURAL = "evokube.io", "v1alpha1", "erlexperiments"
+NAMESPACE = "scale"
+HOSTS = 4
+PODS_PER_NODE = 110
+
+
+def experiment(name: str) -> dict:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ERLExperiment",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "image": "ghcr.io/evokube/trainer-cpu:0.1.0",
+            "algorithm": {"name": "openes"},
+            "environment": {"name": "gymnax/Pendulum-v1"},
+            "population": {"size": 64},
+            "stopping": {"maxGenerations": 10},
+            "accelerator": {"type": "cpu", "hosts": HOSTS},
+        },
+    }
+
+
+class ProcSampler(threading.Thread):
+    """Samples one process's RSS and CPU time every `interval` seconds."""
+
+    def __init__(self, pid: int, interval: float = 0.5):
+        super().__init__(daemon=True)
+        self.pid, self.interval = pid, interval
+        self.peak_rss = 0
+        self.stop_event = threading.Event()
+        self.ticks = os.sysconf("SC_CLK_TCK")
+        self.cpu_start = self.cpu_seconds()
+        self.t_start = time.monotonic()
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / self.ticks  # utime + stime
+
+    def rss(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.interval):
+            try:
+                self.peak_rss = max(self.peak_rss, self.rss())
+            except OSError:
+                return
+
+    def stop(self) -> tuple[float, float]:
+        self.stop_event.set()
+        self.join()
+        return self.cpu_seconds() - self.cpu_start, time.monotonic() - self.t_start
+
+
+def metrics_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read().decode()
+
+
+def metric_samples(text: str, name: str) -> list[tuple[dict, float]]:
+    out = []
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        series, value = line.rsplit(" ", 1)
+        metric, _, labels = series.partition("{")
+        if metric != name:
+            continue
+        parsed = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        out.append((parsed, float(value)))
+    return out
+
+
+def apiserver_writes(plane: ControlPlane, every: bool = False) -> dict[str, float]:
+    """apiserver_request_total for erlexperiments (or every resource), by verb (all clients)."""
+    text = plane.kubectl("get", "--raw", "/metrics").stdout
+    counts: dict[str, float] = {}
+    for labels, value in metric_samples(text, "apiserver_request_total"):
+        if every or labels.get("resource") == PLURAL:
+            sub = labels.get("subresource")
+            verb = labels["verb"] + (f"/{sub}" if sub else "")
+            counts[verb] = counts.get(verb, 0) + value
+    return counts
+
+
+def reconcile_count(url: str) -> float:
+    text = metrics_text(url + "/metrics")
+    return sum(v for _, v in metric_samples(text, "evokube_operator_reconciles_total"))
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def watch(plane: ControlPlane, path: str, on_event, stop: threading.Event) -> threading.Thread:
+    """Streams `kubectl get --raw` watch events (one JSON object a line) to on_event."""
+
+    kubectl = plane.binaries.path("kubectl")
+
+    def run():
+        while not stop.is_set():
+            proc = subprocess.Popen(
+                [kubectl, "--kubeconfig", str(plane.kubeconfig), "get", "--raw", path],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for line in proc.stdout:
+                on_event(json.loads(line), time.monotonic())
+                if stop.is_set():
+                    break
+            proc.kill()
+            proc.wait()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def run_scale(n: int, args: argparse.Namespace) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix=f"evokube-scale-{n}-"))
+    plane = ControlPlane(workdir)
+    plane.start()
+    operator = None
+    try:
+        nodes_needed = -(-n * HOSTS // PODS_PER_NODE) + 1
+        spec = yaml.safe_load((REPO / "tests/cluster/nodes.yaml").read_text())["pools"]["cpu"]
+        extra = [fake_node(f"cpu-scale-{i}", "cpu", spec) for i in range(max(0, nodes_needed - 4))]
+        if extra:
+            plane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(extra))
+        plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+        crd = f"crd/{PLURAL}.{GROUP}"
+        wait_until(
+            lambda: (
+                plane.kubectl(
+                    "wait", "--for=condition=Established", "--timeout=10s", crd, check=False
+                ).returncode
+                == 0
+            ),
+            60,
+            "the CRD to be Established",
+        )
+        plane.kubectl("create", "namespace", NAMESPACE)
+        wait_until(
+            lambda: (
+                plane.kubectl("get", "sa", "default", "-n", NAMESPACE, check=False).returncode == 0
+            ),
+            30,
+            "the default ServiceAccount",
+        )
+
+        def ready_nodes() -> int:
+            return plane.kubectl("get", "nodes", "--no-headers", check=False).stdout.count(
+                " Ready "
+            )
+
+        wait_until(lambda: ready_nodes() >= 10 + len(extra), 120, "the extra nodes Ready")
+
+        port = free_port()
+        log_path = workdir / "operator.log"
+        command = [
+            str(Path(sys.executable).with_name("evokube-operator")),
+            "--kubeconfig",
+            str(plane.kubeconfig),
+            "--metrics-port",
+            str(port),
+            "--metrics-address",
+            "127.0.0.1",
+            *args.operator_args,
+        ]
+        with log_path.open("w") as log:
+            operator = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+
+        def ready():
+            try:
+                return urllib.request.urlopen(url + "/readyz", timeout=2).status == 200
+            except OSError:
+                return False
+
+        wait_until(ready, 60, "the operator to become ready")
+        writes_before = apiserver_writes(plane)
+
+        created: dict[str, float] = {}
+        job_at: dict[str, float] = {}
+        running_at: dict[str, float] = {}
+        lock = threading.Lock()
+
+        def on_job(event, now):
+            if event.get("type") != "ADDED":
+                return
+            owner = event["object"]["metadata"].get("labels", {}).get("evokube.io/experiment")
+            with lock:
+                job_at.setdefault(owner, now)
+
+        def on_experiment(event, now):
+            obj = event.get("object", {})
+            if (obj.get("status") or {}).get("phase") == "Running":
+                with lock:
+                    running_at.setdefault(obj["metadata"]["name"], now)
+
+        stop = threading.Event()
+        watch(plane, f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs?watch=1", on_job, stop)
+        watch(
+            plane,
+            f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}?watch=1",
+            on_experiment,
+            stop,
+        )
+        time.sleep(1.0)
+        sampler = ProcSampler(operator.pid)
+        sampler.start()
+        # Where else the CPU goes: the control plane's own processes.
+        others = {
+            name: ProcSampler(pid)
+            for name, pid in plane.state.pids.items()
+            if name in ("kube-apiserver", "etcd", "kube-controller-manager", "kwok")
+        }
+        for other in others.values():
+            other.start()
+        requests_before = sum(apiserver_writes(plane, every=True).values())
+        load_start = os.getloadavg()[0]
+
+        from kubernetes import client
+
+        api_clients = [plane.api_client() for _ in range(args.clients)]
+        names = [f"x{i:04d}" for i in range(n)]
+
+        def create(index: int) -> None:
+            api = client.CustomObjectsApi(api_clients[index % args.clients])
+            api.create_namespaced_custom_object(
+                GROUP, VERSION, NAMESPACE, PLURAL, experiment(names[index])
+            )
+            now = time.monotonic()
+            with lock:
+                created[names[index]] = now
+
+        begin = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
+            list(pool.map(create, range(n)))
+        create_s = time.monotonic() - begin
+
+        deadline = begin + args.timeout
+        while time.monotonic() < deadline:
+            with lock:
+                if len(running_at) >= n:
+                    break
+            time.sleep(1.0)
+        settle_s = time.monotonic() - begin
+        # Quiet first: no reconcile for 3 s (up to 60 s), so that what follows is the patches'.
+        reconciles_before, quiet_since = reconcile_count(url), time.monotonic()
+        while time.monotonic() - quiet_since < 3.0 and time.monotonic() - begin < settle_s + 60:
+            time.sleep(0.5)
+            count = reconcile_count(url)
+            if count != reconciles_before:
+                reconciles_before, quiet_since = count, time.monotonic()
+
+        def progress(index: int) -> None:  # what the trainer's StatusReporter sends
+            api = client.CustomObjectsApi(api_clients[index % args.clients])
+            body = {"status": {"progress": {"generation": index, "envSteps": 1000 * index}}}
+            api.patch_namespaced_custom_object_status(
+                GROUP, VERSION, NAMESPACE, PLURAL, names[index], body
+            )
+
+        with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
+            list(pool.map(progress, range(n)))
+        time.sleep(5.0)
+        progress_reconciles = reconcile_count(url) - reconciles_before
+        cpu_s, wall_s = sampler.stop()
+        other_cpu = {name: other.stop()[0] / wall_s for name, other in others.items()}
+        api_rate = (sum(apiserver_writes(plane, every=True).values()) - requests_before) / wall_s
+        load_end = os.getloadavg()[0]
+        stop.set()
+        for api in api_clients:
+            api.close()
+
+        text = metrics_text(url + "/metrics")
+        requests: dict[str, float] = {}
+        for labels, value in metric_samples(text, "evokube_operator_api_requests_total"):
+            requests[labels["verb"]] = requests.get(labels["verb"], 0) + value
+        reconciles = sum(v for _, v in metric_samples(text, "evokube_operator_reconciles_total"))
+        errors = sum(v for _, v in metric_samples(text, "evokube_operator_reconcile_errors_total"))
+        writes_after = apiserver_writes(plane)
+        exp_writes = {
+            verb: writes_after.get(verb, 0) - writes_before.get(verb, 0)
+            for verb in writes_after
+            if verb not in ("WATCH", "LIST", "GET") and not verb.startswith("WATCH")
+        }
+        exp_writes.pop("POST", None)  # the benchmark's own creates
+        exp_writes["PATCH/status"] = exp_writes.get("PATCH/status", 0) - n  # and progress
+        log_text = log_path.read_text(errors="replace")
+        to_job = [job_at[k] - created[k] for k in created if k in job_at]
+        to_running = [running_at[k] - created[k] for k in created if k in running_at]
+        return {
+            "n": n,
+            "create_rate": n / create_s,
+            "job": len(to_job),
+            "job_p50": percentile(to_job, 0.5),
+            "job_p99": percentile(to_job, 0.99),
+            "job_max": max(to_job, default=float("nan")),
+            "running": len(to_running),
+            "run_p50": percentile(to_running, 0.5),
+            "run_p99": percentile(to_running, 0.99),
+            "run_max": max(to_running, default=float("nan")),
+            "settle_s": settle_s,
+            "rss_mib": sampler.peak_rss / 2**20,
+            "cpu_s": cpu_s,
+            "cpu_share": cpu_s / wall_s,
+            "reconciles": reconciles,
+            "errors": errors,
+            "warnings": log_text.count("reconcile failed"),
+            "tracebacks": log_text.count("Traceback"),
+            "requests": {k: v / n for k, v in sorted(requests.items())},
+            "exp_writes": {k: v / n for k, v in sorted(exp_writes.items())},
+            "progress_reconciles": progress_reconciles / n,
+            "control_plane_cpu": {k: round(v, 2) for k, v in other_cpu.items()},
+            "api_requests_per_s": api_rate,
+            "load": f"{load_start:.1f}->{load_end:.1f}",
+        }
+    finally:
+        if operator is not None and operator.poll() is None:
+            operator.terminate()
+            try:
+                operator.wait(20)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+        if not args.keep:
+            plane.stop()
+        else:
+            print(f"# cluster kept in {workdir}", flush=True)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--experiments", type=int, nargs="+", default=[100, 500])
+    parser.add_argument("--clients", type=int, default=8, help="threads creating experiments")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds to wait per N")
+    parser.add_argument("--keep", action="store_true", help="leave each cluster running")
+    parser.add_argument(
+        "--operator-args", nargs=argparse.REMAINDER, default=[], help="passed to the operator"
+    )
+    args = parser.parse_args(argv)
+    print(f"# {os.cpu_count()} CPUs; load average at start {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"# operator args: {' '.join(args.operator_args) or '(defaults)'}", flush=True)
+    rows = []
+    for n in args.experiments:
+        row = run_scale(n, args)
+        rows.append(row)
+        print("# " + json.dumps(row), flush=True)
+    print(
+        "| N | creates/s | Job p50 / p99 / max s | reached Running | Running p50 / p99 / max s "
+        "| operator peak RSS MiB | operator CPU s (share) | reconciles / errors "
+        "| operator API requests per exp. | erlexperiments writes per exp. "
+        "| reconciles per progress patch | API server req/s (all clients) "
+        "| control plane CPU (share of one core) | load |"
+    )
+    print("|" + "---|" * 14)
+    for r in rows:
+        req = ", ".join(f"{k} {v:.2f}" for k, v in r["requests"].items())
+        writes = ", ".join(f"{k} {v:.2f}" for k, v in r["exp_writes"].items())
+        cpu = ", ".join(f"{k} {v:.0%}" for k, v in r["control_plane_cpu"].items())
+        print(
+            f"| {r['n']} | {r['create_rate']:.0f} "
+            f"| {r['job_p50']:.2f} / {r['job_p99']:.2f} / {r['job_max']:.2f} "
+            f"| {r['running']}/{r['n']} "
+            f"| {r['run_p50']:.1f} / {r['run_p99']:.1f} / {r['run_max']:.1f} "
+            f"| {r['rss_mib']:.0f} | {r['cpu_s']:.0f} ({r['cpu_share']:.0%}) "
+            f"| {r['reconciles']:.0f} / {r['errors']:.0f} | {req} | {writes} "
+            f"| {r['progress_reconciles']:.2f} | {r['api_requests_per_s']:.0f} "
+            f"| {cpu} | {r['load']} |"
+        )
+    print(f"# load average at end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

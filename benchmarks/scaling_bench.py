@@ -1,0 +1,176 @@
+"""Scaling: generations/s over 1, 2, 4 local processes and 1, 2, 4 CPU devices per process.
+
+    .venv/bin/python -W ignore benchmarks/scaling_bench.py                        # OpenES, Pendulum
+    .venv/bin/python -W ignore benchmarks/scaling_bench.py --algo cemrl --generations 3
+
+Each point starts P processes (as `evokube run --processes P` does: jax.distributed over
+127.0.0.1, `--xla_force_host_platform_device_count=D` each), builds the workflow with
+`DeviceLayout.over_all_devices()` and times `--generations` generations after one untimed one.
+Two series:
+
+  weak    the population grows with the devices (`--pop-per-device` members per device);
+          efficiency = gen/s(P x D devices) / gen/s(1 device),
+  strong  the total population is fixed (`--total-pop`);
+          efficiency = speed-up / (P x D).
+
+The collectives column counts the collective operations in the compiled generation (from
+`compiled.as_text()`) and the bytes they move per device; on one machine of 2 cores, every
+device shares the same 2 cores, so the efficiencies measure overhead, not added compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+BYTES = {"f32": 4, "s32": 4, "u32": 4, "pred": 1, "f16": 2, "bf16": 2, "s8": 1, "u8": 1}
+
+
+def collective_summary(hlo: str) -> tuple[int, int]:
+    """(number of collective ops, bytes of their results) in an optimized HLO module."""
+    count = size = 0
+    for line in hlo.splitlines():
+        match = re.search(r"=\s*(.+?)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(", line)
+        if not match:
+            continue
+        count += 1
+        for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", match.group(1)):
+            elements = 1
+            for d in filter(None, dims.split(",")):
+                elements *= int(d)
+            size += elements * BYTES.get(dtype, 4)
+    return count, size
+
+
+def child(args: argparse.Namespace) -> None:
+    import jax
+
+    if args.processes > 1:
+        jax.distributed.initialize(
+            coordinator_address=f"127.0.0.1:{args.port}",
+            num_processes=args.processes,
+            process_id=args.process_id,
+        )
+    sys.path.insert(0, os.path.dirname(__file__))
+    from trainer_bench import build_config
+
+    from evokube_trainer.workflows import DeviceLayout, jit_workflow, make_workflow
+
+    layout = DeviceLayout.over_all_devices() if jax.device_count() > 1 else None
+    fns = jit_workflow(make_workflow(build_config(args.algo, "pendulum", args), layout))
+    state = fns.init(jax.random.PRNGKey(0))
+    compiled = fns.step.lower(state).compile() if layout is not None else None
+    count, size = collective_summary(compiled.as_text()) if compiled is not None else (0, 0)
+    state, metrics = fns.step(state)
+    jax.block_until_ready(metrics)
+    start = time.perf_counter()
+    for _ in range(args.generations):
+        state, metrics = fns.step(state)
+    jax.block_until_ready(metrics)
+    elapsed = time.perf_counter() - start
+    if jax.process_index() == 0:
+        print(
+            json.dumps(
+                {
+                    "gen_per_s": args.generations / elapsed,
+                    "devices": jax.device_count(),
+                    "collectives": count,
+                    "collective_bytes": size,
+                }
+            )
+        )
+
+
+def run_point(processes: int, devices: int, pop: int, args: argparse.Namespace) -> dict:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+    }
+    procs = []
+    for pid in range(processes):
+        command = [
+            sys.executable,
+            "-W",
+            "ignore",
+            __file__,
+            "--child",
+            f"--processes={processes}",
+            f"--process-id={pid}",
+            f"--port={port}",
+            f"--algo={args.algo}",
+            f"--pop={pop}",
+            f"--generations={args.generations}",
+            f"--updates={args.updates}",
+        ]
+        procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=args.timeout)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"{processes}x{devices}: a process failed")
+    return json.loads(outs[0].strip().splitlines()[-1])
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--algo", default="openes", choices=["openes", "cemrl", "erl"])
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--pop-per-device", type=int, default=16)
+    parser.add_argument("--total-pop", type=int, default=64)
+    parser.add_argument("--generations", type=int, default=5)
+    parser.add_argument("--updates", type=int, default=64, help="TD3 steps per generation")
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--process-id", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--pop", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        args.processes = args.processes[0]
+        args.episode_length, args.erl_agents, args.hidden = None, 1, [256, 256]
+        args.replay_capacity = 100_000
+        args.es_pop_size = args.rl_pop_size = args.pop
+        child(args)
+        return
+
+    print(
+        f"# {args.algo} on gymnax/Pendulum-v1 (T=200); {os.cpu_count()} CPUs; load average "
+        f"at start {os.getloadavg()[0]:.2f}; {args.generations} timed generations per point"
+    )
+    print(
+        "| series | processes x devices | population | generations/s | efficiency "
+        "| collectives per generation (ops, MiB) | load |"
+    )
+    print("|" + "---|" * 7)
+    for series in ("weak", "strong"):
+        base = None
+        for processes in args.processes:
+            for devices in args.devices:
+                total = processes * devices
+                pop = args.pop_per_device * total if series == "weak" else args.total_pop
+                r = run_point(processes, devices, pop, args)
+                if base is None:
+                    base = r["gen_per_s"]
+                speedup = r["gen_per_s"] / base
+                efficiency = speedup if series == "weak" else speedup / total
+                print(
+                    f"| {series} | {processes} x {devices} | {pop} | {r['gen_per_s']:.2f} "
+                    f"| {efficiency:.0%} | {r['collectives']}, "
+                    f"{r['collective_bytes'] / 2**20:.2f} | {os.getloadavg()[0]:.2f} |",
+                    flush=True,
+                )
+    print(f"# load average at end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
