@@ -1,13 +1,19 @@
 # Everything a fresh machine needs, from the project's own files.
 #   make run    a small local experiment (the main job)
 #   make test   the whole test suite (what .ci/run calls)
+#   make demo   the end-to-end flow, narrated: chart, operator, a killed trainer, recovery
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 # Reinstall when pyproject.toml changes.
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: setup cluster-binaries lint test run cluster-up cluster-down
+.PHONY: setup system-deps cluster-binaries lint test run demo cluster-up cluster-down
+
+# Debian packages the tests use: Prometheus (tests/observability), podman,
+# buildah and debootstrap (tests/images build the Dockerfile without a Docker engine).
+SYSTEM_PACKAGES := prometheus podman buildah debootstrap
+SYSTEM_TOOLS := prometheus promtool podman buildah debootstrap
 
 $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
@@ -18,6 +24,14 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# Installs them when one is missing (CI runs as root on a fresh Debian machine).
+system-deps:
+	@for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y --no-install-recommends $(SYSTEM_PACKAGES); \
+	fi
+
 # Pinned control-plane binaries, built once into ~/.cache/evokube (a no-op when cached).
 cluster-binaries:
 	bash tests/cluster/build.sh
@@ -26,7 +40,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: setup cluster-binaries lint
+test: setup system-deps cluster-binaries lint
 	$(VENV)/bin/pytest
 
 cluster-up: setup cluster-binaries
@@ -37,3 +51,7 @@ cluster-down: setup
 
 run: setup
 	$(VENV)/bin/evokube run examples/pendulum-cemrl.yaml
+
+# SCENARIO: killed-trainer (default), evicted-trainer, killed-operator or all.
+demo: setup cluster-binaries
+	$(VENV)/bin/python -m tests.e2e $(SCENARIO)

@@ -3,8 +3,8 @@
 - `crd` (tests/conftest.py): the ERLExperiment CRD, server-side applied once per session.
 - `operator`: one `evokube-operator` process for the session, watching every
   namespace, running as a ServiceAccount bound to the operator's own
-  ClusterRole (operator/evokube_operator/rbac.yaml), so a missing permission
-  fails the tests. Tests may kill and restart it.
+  ClusterRole as the Helm chart renders it (helm/evokube), so a missing
+  permission fails the tests. Tests may kill and restart it.
 - `k8s`: small helpers (apply, read, wait) that say what they waited for and
   show the operator's last log lines when a wait times out.
 """
@@ -24,9 +24,9 @@ import pytest
 import yaml
 
 from tests.cluster.controlplane import free_port, wait_until
+from tests.helm.chart import operator_rbac
 
 REPO = Path(__file__).resolve().parents[2]
-RBAC = REPO / "operator" / "evokube_operator" / "rbac.yaml"
 OPERATOR_NAMESPACE = "evokube-system"
 GROUP, VERSION, PLURAL = "evokube.io", "v1alpha1", "erlexperiments"
 
@@ -67,18 +67,9 @@ def service_account_kubeconfig(cluster, api_client, namespace, name, path: Path)
 def operator_kubeconfig(cluster, crd, tmp_path_factory) -> Path:
     """The operator's identity: ServiceAccount evokube-system/evokube-operator, least privilege."""
     cluster.kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)
-    cluster.kubectl(
-        "create", "serviceaccount", "evokube-operator", "-n", OPERATOR_NAMESPACE, check=False
-    )
-    cluster.kubectl("apply", "-f", str(RBAC))
-    cluster.kubectl(
-        "create",
-        "clusterrolebinding",
-        "evokube-operator",
-        "--clusterrole=evokube-operator",
-        f"--serviceaccount={OPERATOR_NAMESPACE}:evokube-operator",
-        check=False,
-    )
+    # ServiceAccount, ClusterRole and ClusterRoleBinding `evokube-operator`.
+    rbac = operator_rbac(cluster, "evokube", OPERATOR_NAMESPACE)
+    cluster.kubectl("apply", "-f", "-", input=rbac)
     api_client = cluster.api_client()
     try:
         return service_account_kubeconfig(
@@ -95,9 +86,10 @@ def operator_kubeconfig(cluster, crd, tmp_path_factory) -> Path:
 class OperatorProcess:
     """`evokube-operator` as a child process: started, probed, killed, restarted."""
 
-    def __init__(self, kubeconfig: Path, log_dir: Path):
+    def __init__(self, kubeconfig: Path, log_dir: Path, args: tuple[str, ...] = ()):
         self.kubeconfig = kubeconfig
         self.log_dir = log_dir
+        self.args = args  # more command-line arguments, e.g. --namespace
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
         self.starts = 0
@@ -120,6 +112,7 @@ class OperatorProcess:
             str(self.port),
             "--metrics-address",
             "127.0.0.1",
+            *self.args,
         ]
         log = self.log_path.open("w")
         self.proc = subprocess.Popen(

@@ -1,0 +1,125 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "evokube.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The release name when it contains the chart name, else <release>-<chart>; 50 characters
+at most, so that "<fullname>-dashboard" still fits a label value. */}}
+{{- define "evokube.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "evokube.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "evokube.operatorName" -}}
+{{- printf "%s-operator" (include "evokube.fullname" .) -}}
+{{- end -}}
+
+{{- define "evokube.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "evokube.operatorName" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "evokube.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/part-of: evokube
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* Selects the operator's pod; never changes across upgrades (Deployment selectors are immutable). */}}
+{{- define "evokube.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "evokube.name" . }}-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "evokube.operatorLabels" -}}
+{{ include "evokube.labels" . }}
+app.kubernetes.io/name: {{ include "evokube.name" . }}-operator
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "evokube.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* Namespaces whose trainer pods the PodMonitor scrapes; empty means all. */}}
+{{- define "evokube.trainerNamespaces" -}}
+{{- toJson (default .Values.watchNamespaces .Values.podMonitor.namespaces) -}}
+{{- end -}}
+
+{{/*
+The operator's permissions: the one list of them. templates/rbac.yaml binds
+these rules; the operator tests and tests/helm render and apply them; docs/helm.md
+tables them and tests/helm proves `kubectl auth can-i` grants nothing more.
+*/}}
+
+{{/* Rules every watched namespace needs (a ClusterRole's when watching all). */}}
+{{- define "evokube.namespacedRules" -}}
+# Watch experiments; Kopf keeps its bookkeeping in annotations (patch); the TTL deletes.
+- apiGroups: [evokube.io]
+  resources: [erlexperiments]
+  verbs: [get, list, watch, patch, delete]
+- apiGroups: [evokube.io]
+  resources: [erlexperiments/status]
+  verbs: [get, patch]
+# Owner references with blockOwnerDeletion need this where that admission plugin runs.
+- apiGroups: [evokube.io]
+  resources: [erlexperiments/finalizers]
+  verbs: [update]
+# One Indexed Job per gang attempt; the old attempt's Job is deleted.
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, list, watch, create, delete]
+# Read-only: which host runs, how each exited.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
+# Owned objects, server-side applied (create and patch).
+- apiGroups: [""]
+  resources: [configmaps, services, serviceaccounts]
+  verbs: [get, create, patch]
+# The trainer's Role grants get/patch on erlexperiments/status, which the
+# operator holds itself (above), so no escalate or bind verb is needed.
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [get, create, patch]
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end -}}
+
+{{/* Rules that only exist cluster-wide. */}}
+{{- define "evokube.clusterRules" -}}
+# Kopf finds the ERLExperiment resource by watching CRDs.
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [get, list, watch]
+{{- if .Values.watchNamespaces }}
+# Kopf follows the watched namespaces being created and deleted.
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [get, list, watch]
+{{- end }}
+{{- end -}}
+
+{{/* A label map as k=v,k=v, for NOTES.txt. */}}
+{{- define "evokube.inlineLabels" -}}
+{{- $pairs := list -}}
+{{- range $k, $v := . -}}
+{{- $pairs = append $pairs (printf "%s=%v" $k $v) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}

@@ -1,0 +1,83 @@
+"""The chart in helm/evokube, driven with the pinned helm binary of the test cluster.
+
+Also used by the operator tests: they run the operator with the RBAC this chart
+renders, the one copy of the operator's permissions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "evokube"
+# What `helm template` needs to render the ServiceMonitor and the PodMonitor.
+MONITORING_APIS = (
+    "monitoring.coreos.com/v1/ServiceMonitor",
+    "monitoring.coreos.com/v1/PodMonitor",
+)
+RBAC_TEMPLATES = ("templates/serviceaccount.yaml", "templates/rbac.yaml")
+
+
+def helm(cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the pinned helm against `cluster` as admin, with its own config and cache folders."""
+    home = cluster.workdir / "helm"
+    env = {
+        **os.environ,
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+        "KUBECONFIG": str(cluster.kubeconfig),
+    }
+    run = subprocess.run(
+        [cluster.binaries.path("helm"), *args], capture_output=True, text=True, env=env
+    )
+    if check and run.returncode != 0:
+        raise RuntimeError(f"helm {' '.join(args)} failed ({run.returncode}):\n{run.stderr}")
+    return run
+
+
+def value_args(values: Mapping[str, Any] | None, folder: Path) -> list[str]:
+    """`--values FILE` for a values dict (written into `folder`), or nothing."""
+    if not values:
+        return []
+    folder.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(dict(values))
+    path = folder / f"values-{hashlib.sha1(text.encode()).hexdigest()[:12]}.yaml"
+    path.write_text(text)
+    return ["--values", str(path)]
+
+
+def render(
+    cluster,
+    release: str,
+    namespace: str,
+    values: Mapping[str, Any] | None = None,
+    *,
+    show_only: Iterable[str] = (),
+    api_versions: Iterable[str] = (),
+) -> str:
+    """`helm template` output (offline: no cluster is asked)."""
+    args = ["template", release, str(CHART), "--namespace", namespace]
+    args += value_args(values, cluster.workdir / "helm" / "values")
+    for template in show_only:
+        args += ["--show-only", template]
+    for api in api_versions:
+        args += ["--api-versions", api]
+    return helm(cluster, *args).stdout
+
+
+def documents(text: str) -> list[dict]:
+    """The objects of a multi-document YAML stream, empty documents dropped."""
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def operator_rbac(cluster, release: str, namespace: str, values=None) -> str:
+    """The chart's ServiceAccount and RBAC for the operator, ready for `kubectl apply`."""
+    return render(cluster, release, namespace, values, show_only=RBAC_TEMPLATES)

@@ -1,0 +1,254 @@
+"""The chart rendered: lint, schema, what each template produces, and a server-side dry run
+of every manifest against the real API server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.helm.chart import CHART, MONITORING_APIS, REPO, documents, helm, render, value_args
+
+pytestmark = pytest.mark.cluster
+
+
+def custom_values(watched: list[str], dashboard_namespace: str) -> dict:
+    """Every group of values.yaml set to something other than its default."""
+    return {
+        "fullnameOverride": "evk",
+        "watchNamespaces": watched,
+        "image": {
+            "repository": "registry.example/rl/operator",
+            "tag": "1.2.3",
+            "pullPolicy": "Always",
+        },
+        "imagePullSecrets": [{"name": "regcred"}],
+        "operator": {
+            "workers": 2,
+            "resyncSeconds": 60,
+            "watchTimeoutSeconds": 120,
+            "verbose": True,
+            "extraArgs": ["--debug"],
+            "extraEnv": [{"name": "TZ", "value": "UTC"}],
+        },
+        "serviceAccount": {"name": "evk-sa", "annotations": {"example.com/role": "trainer-admin"}},
+        "metrics": {"port": 9090, "service": {"type": "ClusterIP", "port": 9091}},
+        "serviceMonitor": {"labels": {"release": "kps"}, "interval": "15s", "scrapeTimeout": "5s"},
+        "podMonitor": {"labels": {"release": "kps"}, "interval": "10s", "scrapeTimeout": "5s"},
+        "dashboard": {
+            "labels": {"grafana_dashboard": "evokube", "team": "rl"},
+            "annotations": {"grafana_folder": "ERL"},
+            "namespace": dashboard_namespace,
+        },
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
+        "probes": {"liveness": {"periodSeconds": 30, "failureThreshold": 5}},
+        "podAnnotations": {"example.com/owner": "rl-team"},
+        "podLabels": {"team": "rl"},
+        "nodeSelector": {"cloud.google.com/gke-nodepool": "cpu"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops"}],
+        "affinity": {
+            "nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 1,
+                        "preference": {
+                            "matchExpressions": [
+                                {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}
+                            ]
+                        },
+                    }
+                ]
+            }
+        },
+        "terminationGracePeriodSeconds": 45,
+    }
+
+
+def by_kind(objects: list[dict]) -> dict[tuple[str, str, str], dict]:
+    return {
+        (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o for o in objects
+    }
+
+
+def operator_container(objects: list[dict]) -> dict:
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+# -- offline ------------------------------------------------------------------------------------
+def test_lint_is_clean_with_default_and_custom_values(cluster, tmp_path):
+    for values in (None, custom_values(["team-a", "team-b"], "monitoring")):
+        args = value_args(values, tmp_path)
+        run = helm(cluster, "lint", "--strict", str(CHART), *args)
+        assert "0 chart(s) failed" in run.stdout, run.stdout
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"watchNamespaces": ["team-*"]}, "/watchNamespaces/0"),
+        ({"operator": {"workers": 0}}, "/operator/workers"),
+        ({"serviceMonitor": {"interval": "soon"}}, "/serviceMonitor/interval"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+        ({"replicas": 2}, "replicas"),
+        (
+            {"dashboard": {"labels": {"grafana_dashboard": 1}}},
+            "/dashboard/labels/grafana_dashboard",
+        ),
+    ],
+)
+def test_schema_rejects_bad_values(cluster, tmp_path, values, complaint):
+    args = ["template", "x", str(CHART), *value_args(values, tmp_path)]
+    run = helm(cluster, *args, check=False)
+    assert run.returncode != 0
+    assert "schema" in run.stderr and complaint in run.stderr, run.stderr
+
+
+def test_the_charts_crd_is_byte_identical_to_crds():
+    ours = sorted(p.name for p in (CHART / "crds").iterdir())
+    theirs = sorted(p.name for p in (REPO / "crds").iterdir())
+    assert ours == theirs
+    for name in ours:
+        assert (CHART / "crds" / name).read_bytes() == (REPO / "crds" / name).read_bytes(), (
+            f"helm/evokube/crds/{name} differs from crds/{name}: copy it again"
+        )
+
+
+def test_the_dashboard_configmap_carries_the_dashboard_file_unchanged(cluster):
+    dashboard = (CHART / "dashboards" / "evokube.json").read_text()
+    objects = documents(render(cluster, "evokube", "monitoring"))
+    (config_map,) = [o for o in objects if o["metadata"]["name"] == "evokube-dashboard"]
+    assert config_map["data"]["evokube.json"] == dashboard
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard)["uid"] == "evokube"
+
+
+def test_defaults_one_recreated_replica_probes_and_a_locked_down_container(cluster):
+    objects = documents(render(cluster, "evokube", "evokube-system"))
+    kinds = by_kind(objects)
+    deployment = kinds["Deployment", "evokube-system", "evokube-operator"]
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "evokube-operator"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 1000
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = operator_container(objects)
+    assert container["image"] == "ghcr.io/evokube/operator:0.1.0"
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    assert not any(a.startswith("--namespace") for a in container["args"])
+    # Cluster-wide: one ClusterRole with everything, bound to the chart's account; no Role.
+    role = kinds["ClusterRole", "", "evokube-operator"]
+    assert {"erlexperiments", "jobs", "customresourcedefinitions"} <= {
+        r for rule in role["rules"] for r in rule["resources"]
+    }
+    assert "namespaces" not in {r for rule in role["rules"] for r in rule["resources"]}
+    binding = kinds["ClusterRoleBinding", "", "evokube-operator"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "evokube-operator", "namespace": "evokube-system"}
+    ]
+    assert not [o for o in objects if o["kind"] in ("Role", "RoleBinding")]
+    # Without monitoring.coreos.com in the cluster, no monitors.
+    assert not [o for o in objects if o["kind"] in ("ServiceMonitor", "PodMonitor")]
+
+
+def test_custom_values_reach_the_manifests(cluster):
+    values = custom_values(["team-a", "team-b"], "monitoring")
+    objects = documents(render(cluster, "rl", "ops", values, api_versions=MONITORING_APIS))
+    kinds = by_kind(objects)
+    container = operator_container(objects)
+    assert container["image"] == "registry.example/rl/operator:1.2.3"
+    assert container["imagePullPolicy"] == "Always"
+    assert container["args"] == [
+        "--metrics-address=0.0.0.0",
+        "--metrics-port=9090",
+        "--workers=2",
+        "--resync-seconds=60",
+        "--watch-timeout-seconds=120",
+        "--namespace=team-a",
+        "--namespace=team-b",
+        "--verbose",
+        "--debug",
+    ]
+    assert {"name": "TZ", "value": "UTC"} in container["env"]
+    assert container["livenessProbe"]["periodSeconds"] == 30
+    pod = kinds["Deployment", "ops", "evk-operator"]["spec"]["template"]
+    assert pod["metadata"]["labels"]["team"] == "rl"
+    assert pod["spec"]["serviceAccountName"] == "evk-sa"
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 45
+    assert kinds["ServiceAccount", "ops", "evk-sa"]["metadata"]["annotations"]
+    # Watching two namespaces: a Role in each, and cluster-wide only CRDs and namespaces.
+    cluster_rules = kinds["ClusterRole", "", "evk-operator"]["rules"]
+    assert sorted(r for rule in cluster_rules for r in rule["resources"]) == [
+        "customresourcedefinitions",
+        "namespaces",
+    ]
+    for namespace in ("team-a", "team-b"):
+        role = kinds["Role", namespace, "evk-operator"]
+        assert "erlexperiments" in {r for rule in role["rules"] for r in rule["resources"]}
+        binding = kinds["RoleBinding", namespace, "evk-operator"]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "evk-sa", "namespace": "ops"}
+        ]
+    monitor = kinds["ServiceMonitor", "ops", "evk-operator"]
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["endpoints"][0]["interval"] == "15s"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    pods = kinds["PodMonitor", "ops", "evk-trainers"]
+    assert pods["metadata"]["labels"]["release"] == "kps"
+    assert pods["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+    assert pods["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "evokube-trainer"
+    dashboard = kinds["ConfigMap", "monitoring", "evk-dashboard"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "evokube"
+    assert dashboard["metadata"]["annotations"] == {"grafana_folder": "ERL"}
+    service = kinds["Service", "ops", "evk-operator"]
+    assert service["spec"]["ports"][0]["port"] == 9091
+
+
+# -- against the API server ----------------------------------------------------------------------
+@pytest.mark.parametrize("variant", ["default", "custom"])
+def test_every_rendered_manifest_passes_a_server_side_dry_run(
+    cluster, crd, monitoring_crds, make_namespace, variant
+):
+    release_ns = make_namespace("chart-dry")
+    cluster.kubectl("label", "namespace", release_ns, "pod-security.kubernetes.io/warn=restricted")
+    values = None
+    if variant == "custom":
+        values = custom_values([make_namespace("chart-a"), make_namespace("chart-b")], release_ns)
+    text = render(cluster, "evokube", release_ns, values, api_versions=MONITORING_APIS)
+    objects = documents(text)
+    kinds = {o["kind"] for o in objects}
+    assert {"Deployment", "ServiceMonitor", "PodMonitor", "ConfigMap", "ClusterRole"} <= kinds
+    run = cluster.kubectl(
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "--validate=strict",
+        "--field-manager=evokube-chart-test",
+        "-f",
+        "-",
+        input=text,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "PodSecurity" not in run.stderr, run.stderr  # the Deployment's pod is "restricted"
+    accepted = [line for line in run.stdout.splitlines() if "(server dry run)" in line]
+    assert len(accepted) == len(objects), run.stdout
+
+
+def test_the_crds_folder_is_what_helm_install_applies(cluster):
+    """`helm show crds` prints exactly crds/ (Helm's own view of the chart)."""
+    shown = helm(cluster, "show", "crds", str(CHART)).stdout
+    expected = (REPO / "crds" / "erlexperiments.evokube.io.yaml").read_text()
+    assert yaml.safe_load(shown) == yaml.safe_load(expected)
