@@ -34,7 +34,8 @@ class ARSState:
 class ARS(EvoOptimizer):
     """ARS over `pop_size // 2` mirrored directions delta_k.
 
-    The population is `[mean + sigma * delta; mean - sigma * delta]` (first half +, second half -).
+    The population holds each `mean + sigma * delta_k` (even rows) next to its
+    `mean - sigma * delta_k` (odd rows), as `gaussian_noise` lays out mirrored pairs.
     Directions are ranked by max(r+, r-); the top `num_top_directions` (b, all when None) give
     grad = sum_k (r+_k - r-_k) delta_k / (b * sigma_R), sigma_R the std of the 2b returns used.
     With the default `optax.sgd` the mean moves by `learning_rate * grad`, as in the paper.
@@ -76,10 +77,9 @@ class ARS(EvoOptimizer):
     def tell(
         self, state: ARSState, population: jax.Array, fitness: jax.Array
     ) -> tuple[ARSState, dict[str, jax.Array]]:
-        half = self.pop_size // 2
         sigma = schedule_value(self.sigma, state.generation)
-        deltas = (population[:half] - state.mean) / sigma  # [N, D]
-        r_plus, r_minus = fitness[:half], fitness[half:]  # [N], [N]
+        deltas = (population[0::2] - state.mean) / sigma  # [N, D]
+        r_plus, r_minus = fitness[0::2], fitness[1::2]  # [N], [N]
         top = top_k_indices(jnp.maximum(r_plus, r_minus), self._num_top())  # [b]
         used = jnp.concatenate([r_plus[top], r_minus[top]])  # [2b]
         std = jnp.std(used)

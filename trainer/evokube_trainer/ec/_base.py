@@ -92,12 +92,13 @@ def check_mirrored(mirrored: bool, pop_size: int) -> None:
 def gaussian_noise(key: Array, pop_size: int, num_dims: int, mirrored: bool) -> Array:
     """Standard normal directions [pop, D].
 
-    Mirrored (antithetic): row `i + pop // 2` is exactly `-row i`, so the first half holds the
-    `+eps` members and the second half their mirrors.
+    Mirrored (antithetic): rows come in pairs, row `2k + 1` exactly `-row 2k`. Pairs rather
+    than halves keep each pair together when the population is split over devices by rows, so
+    building it moves no data between devices (halves would need two all-gathers of [pop/2, D]).
     """
     if mirrored:
         half = jax.random.normal(key, (pop_size // 2, num_dims), jnp.float32)
-        return jnp.concatenate([half, -half])
+        return jnp.stack([half, -half], axis=1).reshape(pop_size, num_dims)
     return jax.random.normal(key, (pop_size, num_dims), jnp.float32)
 
 
