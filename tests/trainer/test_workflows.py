@@ -241,12 +241,37 @@ def test_save_restore_then_step_matches_stepping_on(name, request, tmp_path):
     assert _leaves_equal(metrics, resumed_metrics)
 
 
+def test_a_restored_state_compiles_to_the_first_runs_program(tiny_erl, tmp_path):
+    """Else a restart would miss the persistent compilation cache the first run filled."""
+    workflow, fns = tiny_erl
+    state = fns.init(jax.random.PRNGKey(0))
+    checkpointer = Checkpointer(tmp_path, interval=1, keep=1)
+    checkpointer.save(0, state)
+    restored, _ = checkpointer.restore_latest(jax.eval_shape(workflow.init, jax.random.PRNGKey(0)))
+    assert fns.step.lower(restored).as_text() == fns.step.lower(state).as_text()
+
+
 def test_a_checkpoint_of_another_workflow_is_not_restored(tiny_erl, tiny_cemrl, tmp_path):
     _, erl_fns = tiny_erl
     checkpointer = Checkpointer(tmp_path, interval=1, keep=2)
     checkpointer.save(1, erl_fns.init(jax.random.PRNGKey(0)))
     cemrl_like = jax.eval_shape(tiny_cemrl[0].init, jax.random.PRNGKey(0))
     assert checkpointer.restore_latest(cemrl_like) is None
+
+
+def test_donated_step_reuses_the_state_and_computes_the_same(tiny_erl):
+    workflow, fns = tiny_erl
+    donating = jit_workflow(workflow, donate=True)
+    state = fns.init(jax.random.PRNGKey(3))
+    expected, expected_metrics = fns.step(state)
+    copy = jax.tree.map(jnp.copy, state)
+    stepped, metrics = donating.step(copy)
+    assert _leaves_equal(stepped, expected)
+    assert _leaves_equal(metrics, expected_metrics)
+    # The buffers went to the new state: the replay buffer is not held twice.
+    assert all(leaf.is_deleted() for leaf in jax.tree.leaves(copy.replay))
+    final = workflow.learn(stepped, stop=Stop(generations=3), eval_every=0, jitted=donating)
+    assert int(final.generation) == 3
 
 
 def test_step_is_one_jitted_call_that_does_not_retrace(tiny_erl):

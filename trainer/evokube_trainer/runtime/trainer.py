@@ -148,7 +148,7 @@ def train(
 
     layout = DeviceLayout.over_all_devices() if jax.device_count() > 1 else None
     workflow = make_workflow(config.workflow, layout)
-    fns = jit_workflow(workflow)
+    fns = jit_workflow(workflow, donate=True)  # learn keeps only the newest state
     key = jax.random.PRNGKey(config.seed)
     checkpointer = state = None
     if checkpoint_dir:

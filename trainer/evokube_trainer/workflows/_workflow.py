@@ -270,17 +270,26 @@ class JittedWorkflow:
     evaluate: Callable[[WorkflowState], Metrics]
 
 
-def jit_workflow(workflow: Workflow) -> JittedWorkflow:
+def jit_workflow(workflow: Workflow, *, donate: bool = False) -> JittedWorkflow:
     """`jax.jit` of the workflow's pure functions. Keep the result to reuse compilations.
 
     With a layout, states are placed by `layout.state_shardings` (also across processes) and
     metrics come back replicated, so every process can read them.
+
+    `donate=True` lets `step` write the new state into the old one's buffers, so a generation
+    holds one replay buffer instead of two (the bulk of host memory with a large buffer). The
+    state passed to `step` is then invalid afterwards: only a loop that keeps just the newest
+    state (as `Workflow.learn` does, checkpointing synchronously) may donate.
     """
     layout = workflow.layout
+    donated = (0,) if donate else ()
     if layout is None:
+        # A committed init state, like one restored from a checkpoint: both then compile to the
+        # same `step`, so a restart finds the first run's program in the compilation cache.
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         return JittedWorkflow(
-            init=jax.jit(workflow.init),
-            step=jax.jit(workflow.step),
+            init=jax.jit(workflow.init, out_shardings=device),
+            step=jax.jit(workflow.step, donate_argnums=donated),
             evaluate=jax.jit(workflow.evaluate),
         )
     states = layout.state_shardings(jax.eval_shape(workflow.init, jax.random.PRNGKey(0)))
@@ -288,7 +297,10 @@ def jit_workflow(workflow: Workflow) -> JittedWorkflow:
     return JittedWorkflow(
         init=lambda key: init(layout.put_replicated(np.asarray(key))),
         step=jax.jit(
-            workflow.step, in_shardings=(states,), out_shardings=(states, layout.replicated)
+            workflow.step,
+            in_shardings=(states,),
+            out_shardings=(states, layout.replicated),
+            donate_argnums=donated,
         ),
         evaluate=jax.jit(
             workflow.evaluate, in_shardings=(states,), out_shardings=layout.replicated
