@@ -1,9 +1,47 @@
 """Adapter from a gymnax environment to the Env API (one env, no resets, no time limit)."""
+# ruff: noqa: E402  (gymnax is imported after its rendering modules are made lazy)
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.util
+import sys
+import types
 from typing import Any
+
+
+def _load_on_first_use(*names: str) -> None:
+    """Stand-in modules that import the real one when an attribute is first read.
+
+    gymnax imports seaborn and matplotlib.pyplot at module level for rendering, which the
+    trainer never does; importing them cost over 2 s of the trainer's start-up on 2 CPUs
+    (`python -X importtime`). Whoever renders still gets the real modules, loaded then.
+    (importlib's LazyLoader does not help: the import statement itself reads `__spec__`.)
+    """
+    for name in names:
+        if name in sys.modules or importlib.util.find_spec(name) is None:
+            continue
+        stand_in = _stand_in(name)
+        sys.modules[name] = stand_in
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(sys.modules[parent], child, stand_in)
+
+
+def _stand_in(name: str) -> types.ModuleType:
+    stand_in = types.ModuleType(name, f"{name}, imported on first use")
+
+    def real_attribute(attr: str) -> Any:
+        if sys.modules.get(name) is stand_in:
+            del sys.modules[name]
+        return getattr(importlib.import_module(name), attr)
+
+    stand_in.__getattr__ = real_attribute  # type: ignore[method-assign]
+    return stand_in
+
+
+_load_on_first_use("seaborn", "matplotlib.pyplot")
 
 import gymnax
 import jax
