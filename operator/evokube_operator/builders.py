@@ -165,7 +165,7 @@ def role_binding(exp: Experiment) -> dict[str, Any]:
 
 
 def static_objects(exp: Experiment, spec: ExperimentSpec) -> list[dict[str, Any]]:
-    """Everything but the Job, in the order to apply it (the Job's pods need all of it)."""
+    """Everything but the Job; all of it must exist before the Job (its pods need it)."""
     return [
         config_map(exp),
         service(exp, spec),

@@ -88,7 +88,7 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
     if getattr(memo, "controller", None) is not None:
         await memo.controller.stop()
     if getattr(memo, "kube", None) is not None:
-        memo.kube.client.close()
+        memo.kube.close()
 
 
 @kopf.on.login()

@@ -153,8 +153,7 @@ class Reconciler:
 
     def _apply_owned_objects(self, exp: Experiment, spec: ExperimentSpec | None, memory) -> None:
         assert spec is not None
-        for obj in builders.static_objects(exp, spec):
-            self.kube.apply(obj)
+        self.kube.apply_all(builders.static_objects(exp, spec))
         memory.statics = (exp.uid, exp.generation)
 
     def _act(

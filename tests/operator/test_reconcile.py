@@ -39,6 +39,9 @@ class FakeKube:
         self.objects[obj["kind"], obj["metadata"]["name"]] = obj
         return obj
 
+    def apply_all(self, objs):
+        return [self.apply(obj) for obj in objs]
+
     def create(self, obj):
         self.calls.append(("create", obj["kind"]))
         if self.refuse_jobs:
