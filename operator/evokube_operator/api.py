@@ -83,6 +83,8 @@ COND_FAILED: Final = "Failed"  # final
 
 # -- status.conditions: reasons (also the reasons of the Events) --------------------------
 REASON_WAITING_FOR_HOSTS: Final = "WaitingForHosts"
+# The next gang's Job waits until the pods of an earlier one (or of a namesake) have stopped.
+REASON_WAITING_FOR_PREVIOUS_PODS: Final = "WaitingForPreviousPods"
 REASON_ALL_HOSTS_RUNNING: Final = "AllHostsRunning"
 REASON_JOB_SUSPENDED: Final = "JobSuspended"  # an admission controller (Kueue) holds the Job
 REASON_RETRIABLE_FAILURE: Final = "RetriableFailure"

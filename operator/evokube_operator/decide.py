@@ -9,13 +9,17 @@ The reconciler (reconcile.py) carries a Plan out in a fixed order: one status
 write, then Events, then Job deletions and creations. Writing the status
 first is what makes a crash harmless: a new attempt number is durable before
 its Job exists, so the next reconcile creates exactly that Job.
+
+A new attempt's Job is created only once the pods of earlier gangs have
+stopped (a deleted Job's pods go on running while they checkpoint), so that
+two gangs of one experiment do not write its checkpoint directory at once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from evokube_operator import api, builders
@@ -30,6 +34,16 @@ from evokube_operator.spec import (
     parse_spec,
     parse_time,
 )
+
+# A pod still there this long after its deletionTimestamp (the time by which it should be
+# gone) no longer holds the next gang back: its node, and the kubelet that would stop it,
+# is presumably lost, and waiting for it would hold the experiment up for good. 60 s is
+# well past a busy kubelet's lag, and the kubelet kills whatever still runs (a checkpoint
+# write too) once the grace period is over.
+STUCK_POD_MARGIN = timedelta(seconds=60)
+# While the next gang waits for earlier pods, decide again this often even without a pod
+# event (pod events wake the reconcile when they stop; this is a safety net).
+WAIT_FOR_PODS_REQUEUE_SECONDS = 15.0
 
 # status field name in the API -> attribute of Status
 _FIELDS = {
@@ -147,6 +161,18 @@ class _Step:
             j.name for j in self.obs.jobs if not j.deleting and not j.complete and j.failure is None
         )
 
+    def unstopped_pods(self) -> tuple[PodView, ...]:
+        """Pods (of any attempt, or of a namesake) that may still run, but stuck ones."""
+        return tuple(
+            p
+            for p in self.obs.pods
+            if p.phase not in ("Succeeded", "Failed")
+            and (
+                p.deletion_timestamp is None
+                or self.obs.now - p.deletion_timestamp <= STUCK_POD_MARGIN
+            )
+        )
+
 
 def decide(obs: Observation) -> Plan:
     exp = obs.experiment
@@ -200,7 +226,11 @@ def decide(obs: Observation) -> Plan:
 
 # -- steps ------------------------------------------------------------------------------
 def _start(step: _Step, status: Status, spec: ExperimentSpec, events=()) -> Plan:
-    """No Job for the current attempt: record it in status, then create it."""
+    """No Job for the current attempt: record it in status, then create it.
+
+    Not while pods of an earlier gang still run (they may be writing a checkpoint): the
+    status is written and the other Jobs deleted, but the Job waits for a later reconcile.
+    """
     exp, attempt, hosts = step.exp, status.attempt, spec.accelerator.hosts
     name = builders.job_name(exp.name, attempt)
     start = status.start_time or step.now
@@ -215,26 +245,41 @@ def _start(step: _Step, status: Status, spec: ExperimentSpec, events=()) -> Plan
         checkpoint_location=spec.checkpoint_location,
         start_time=start,
     )
-    status = replace(
-        status,
-        conditions=step.conditions(
-            status,
-            cond.Condition(
-                api.COND_RUNNING,
-                False,
-                api.REASON_WAITING_FOR_HOSTS,
-                f"waiting for the {hosts} hosts of Job {name} to run",
-            ),
-        ),
-    )
+    old_pods = step.unstopped_pods()
+    if old_pods:
+        running = cond.Condition(
+            api.COND_RUNNING,
+            False,
+            api.REASON_WAITING_FOR_PREVIOUS_PODS,
+            # No pod count: the message changes only once, so the wait costs one write.
+            f"Job {name} waits for the pods of an earlier gang to stop",
+        )
+    else:
+        running = cond.Condition(
+            api.COND_RUNNING,
+            False,
+            api.REASON_WAITING_FOR_HOSTS,
+            f"waiting for the {hosts} hosts of Job {name} to run",
+        )
+    status = replace(status, conditions=step.conditions(status, running))
     start_at = parse_time(start)
+    left = deadline.remaining(start_at, spec.active_deadline_seconds, step.obs.now)
+    if old_pods:
+        wait = WAIT_FOR_PODS_REQUEUE_SECONDS
+        return Plan(
+            status,
+            events=tuple(events),
+            delete_jobs=step.live_jobs(keep=name),
+            requeue_after=wait if left is None else min(wait, left),
+            spec=spec,
+        )
     return Plan(
         status,
         events=tuple(events),
         create_job=attempt,
         job_deadline=deadline.job_deadline(start_at, spec.active_deadline_seconds, step.obs.now),
         delete_jobs=step.live_jobs(keep=name),
-        requeue_after=deadline.remaining(start_at, spec.active_deadline_seconds, step.obs.now),
+        requeue_after=left,
         spec=spec,
     )
 

@@ -2,16 +2,19 @@
 
 Kopf keeps these in its in-memory indices (handlers.py), so a reconcile reads
 the state of a gang without a single API call. Only what the policies need is
-kept: a pod is its attempt, index, phase, exit code and disruption.
+kept: a pod is its attempt, index, phase, exit code, disruption and, once it
+is being deleted, the time by which it should be gone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from evokube_operator import api
+from evokube_operator.spec import parse_time
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -42,6 +45,9 @@ class PodView:
     disruption: str | None = None  # reason of a DisruptionTarget=True condition
     node: str | None = None
     deleting: bool = False
+    # metadata.deletionTimestamp: the delete request's time plus the grace period, that is
+    # when the pod should be gone (None while not deleted, or if it cannot be parsed).
+    deletion_timestamp: datetime | None = None
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> PodView:
@@ -71,6 +77,7 @@ class PodView:
             disruption=(disrupted.get("reason") or api.DISRUPTION_TARGET) if disrupted else None,
             node=(body.get("spec") or {}).get("nodeName"),
             deleting=bool(meta.get("deletionTimestamp")),
+            deletion_timestamp=parse_time(meta.get("deletionTimestamp")),
         )
 
     @property

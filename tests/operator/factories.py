@@ -75,6 +75,7 @@ def pod(
     exit_code: int | None = None,
     disruption: str | None = None,
     job_uid: str = "job-uid-0",
+    deletion_timestamp: datetime | None = None,
 ) -> PodView:
     job = f"{experiment}-{attempt}"
     return PodView(
@@ -88,6 +89,8 @@ def pod(
         exit_code=exit_code,
         exit_message="",
         disruption=disruption,
+        deleting=deletion_timestamp is not None,
+        deletion_timestamp=deletion_timestamp,
     )
 
 

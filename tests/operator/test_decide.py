@@ -7,7 +7,14 @@ import pytest
 
 from evokube_operator import api
 from evokube_operator.conditions import find
-from evokube_operator.decide import Observation, Status, decide
+from evokube_operator.decide import (
+    STUCK_POD_MARGIN,
+    WAIT_FOR_PODS_REQUEUE_SECONDS,
+    Observation,
+    Status,
+    decide,
+)
+from evokube_operator.observe import PodView
 from evokube_operator.spec import Experiment, format_time
 from tests.operator.factories import NOW, TPU, body, gang, job, pod, running_status
 
@@ -72,17 +79,41 @@ TRANSITIONS = [
         "evicted host",
         running_status(),
         [job(0)],
-        [pod(0, disruption="EvictionByEvictionAPI", job_uid="job-uid-0")],
+        [pod(0, "Failed", disruption="EvictionByEvictionAPI", job_uid="job-uid-0")],
         {},
         (api.RESTARTING, 0, 1, 1, ("demo-0",), [api.REASON_PREEMPTED]),
+    ),
+    (
+        "evicted host still stopping: the next Job waits",
+        running_status(),
+        [job(0)],
+        [pod(0, disruption="EvictionByEvictionAPI", job_uid="job-uid-0")],
+        {},
+        (api.RESTARTING, 0, 1, None, ("demo-0",), [api.REASON_PREEMPTED]),
     ),
     (
         "preemptions do not use up restarts",
         running_status(attempt=3, restarts=3),
         [job(3)],
-        [pod(0, disruption="PreemptionByScheduler", attempt=3, job_uid="job-uid-3")],
+        [pod(0, "Failed", disruption="PreemptionByScheduler", attempt=3, job_uid="job-uid-3")],
         {"maxRestarts": 3},
         (api.RESTARTING, 3, 1, 4, ("demo-3",), [api.REASON_PREEMPTED]),
+    ),
+    (
+        "a restart while other hosts still run: the next Job waits",
+        running_status(),
+        [job(0)],
+        [pod(0, "Failed", exit_code=75, job_uid="job-uid-0"), pod(1, job_uid="job-uid-0")],
+        {},
+        (api.RESTARTING, 1, 0, None, ("demo-0",), [api.REASON_RETRIABLE_FAILURE]),
+    ),
+    (
+        "a new experiment while a namesake's pods linger",
+        None,
+        [job(3, owner_uid="another-uid")],
+        [pod(0, attempt=3, job_uid="job-uid-3")],
+        {},
+        (api.PENDING, 0, 0, None, (), []),
     ),
     (
         "permanent exit code",
@@ -347,3 +378,89 @@ def test_an_experiment_being_deleted_is_left_alone():
     exp = replace(Experiment.from_body(body()), deleting=True)
     plan = decide(Observation(exp, (), (), NOW))
     assert plan.create_job is None and plan.status == Status()
+
+
+# -- a new gang waits for the pods of earlier ones -------------------------------------------
+def restart_with(*pods, **spec):
+    """Attempt 0 failed on host 0 (exit 75); `pods` are what else the index holds."""
+    failed = pod(0, "Failed", exit_code=75, job_uid="job-uid-0")
+    return observe(running_status(), [job(0)], [failed, *pods], **spec)
+
+
+def test_a_restart_waits_for_the_old_gangs_pods_to_stop():
+    obs = restart_with(pod(1, job_uid="job-uid-0"), pod(2, "Pending", job_uid="job-uid-0"))
+    plan = decide(obs)
+    assert plan.create_job is None and plan.job_deadline is None
+    assert plan.delete_jobs == ("demo-0",)
+    assert plan.requeue_after == WAIT_FOR_PODS_REQUEUE_SECONDS
+    # The new attempt is recorded all the same: the status write comes first.
+    assert (plan.status.phase, plan.status.restarts) == (api.RESTARTING, 1)
+    assert plan.status.job_name == "demo-1"
+    running = find(plan.status.conditions, api.COND_RUNNING)
+    assert (running["status"], running["reason"]) == ("False", api.REASON_WAITING_FOR_PREVIOUS_PODS)
+    assert running["message"] == "Job demo-1 waits for the pods of an earlier gang to stop"
+    assert find(plan.status.conditions, api.COND_RESTARTING)["status"] == "True"
+    assert reasons(plan) == [api.REASON_RETRIABLE_FAILURE]
+
+
+def test_a_waiting_restart_comes_back_by_the_deadline_if_that_is_sooner():
+    status = running_status(startTime=format_time(NOW - timedelta(seconds=55)))
+    failed = pod(0, "Failed", exit_code=75, job_uid="job-uid-0")
+    obs = observe(status, [job(0)], [failed, pod(1, job_uid="job-uid-0")], activeDeadlineSeconds=60)
+    plan = decide(obs)
+    assert plan.create_job is None
+    assert plan.requeue_after == 5
+
+
+@pytest.mark.parametrize(
+    "left",
+    [(), (pod(1, "Succeeded", exit_code=0, job_uid="job-uid-0"),), (pod(1, "Failed"),)],
+    ids=["all gone", "a Succeeded pod left", "a Failed pod left"],
+)
+def test_the_next_job_is_created_once_the_old_pods_have_stopped(left):
+    obs = restart_with(pod(1, job_uid="job-uid-0"))
+    waiting = settle(obs, decide(obs))
+    assert decide(waiting).create_job is None  # deciding again: still waiting, no new write
+    stopped = replace(waiting, pods=left)
+    plan = decide(stopped)
+    assert plan.create_job == 1
+    assert plan.delete_jobs == ()
+    assert plan.events == ()  # the restart was told when it was decided
+    assert plan.status.restarts == 1  # not counted twice
+    patch = plan.status.patch_from(Status.from_dict(stopped.experiment.status))
+    running = find(patch["conditions"], api.COND_RUNNING)
+    assert running["reason"] == api.REASON_WAITING_FOR_HOSTS  # a write: never a stale create
+
+
+def test_the_pods_of_a_job_being_deleted_hold_its_successor_back():
+    status = running_status(phase=api.PENDING)
+    deleting = replace(job(0), deleting=True)
+    plan = decide(observe(status, [deleting], gang(1)))
+    assert plan.create_job is None
+    assert plan.delete_jobs == ()
+    reason = find(plan.status.conditions, api.COND_RUNNING)["reason"]
+    assert reason == api.REASON_WAITING_FOR_PREVIOUS_PODS
+
+
+@pytest.mark.parametrize(
+    ("past_deadline", "blocks"),
+    [
+        (None, True),  # not deleted (yet)
+        (timedelta(seconds=-30), True),  # still in its grace period
+        (timedelta(seconds=10), True),  # a little late: a busy kubelet
+        (STUCK_POD_MARGIN, True),
+        (STUCK_POD_MARGIN + timedelta(seconds=1), False),  # its node is presumably gone
+    ],
+)
+def test_a_pod_stuck_terminating_stops_blocking_after_a_margin(past_deadline, blocks):
+    when = None if past_deadline is None else NOW - past_deadline
+    plan = decide(restart_with(pod(1, job_uid="job-uid-0", deletion_timestamp=when)))
+    assert (plan.create_job is None) is blocks
+
+
+def test_a_pods_deletion_timestamp_is_read_from_its_metadata():
+    meta = {"name": "demo-0-0-x", "deletionTimestamp": "2026-01-02T03:04:05Z"}
+    view = PodView.from_body({"metadata": meta, "status": {"phase": "Running"}})
+    assert view.deleting and view.deletion_timestamp == NOW
+    view = PodView.from_body({"metadata": {"name": "demo-0-0-x"}})
+    assert not view.deleting and view.deletion_timestamp is None
