@@ -169,7 +169,7 @@ def watch(plane: ControlPlane, path: str, on_event, stop: threading.Event) -> th
 
 def run_scale(n: int, args: argparse.Namespace) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix=f"evokube-scale-{n}-"))
-    plane = ControlPlane(workdir)
+    plane = ControlPlane(workdir, controller_manager_qps=args.controller_manager_qps)
     plane.start()
     operator = None
     try:
@@ -387,11 +387,18 @@ def main(argv=None) -> None:
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait per N")
     parser.add_argument("--keep", action="store_true", help="leave each cluster running")
     parser.add_argument(
+        "--controller-manager-qps",
+        type=int,
+        default=None,
+        help="kube-controller-manager's client rate limit (its default: 20/s, burst 30)",
+    )
+    parser.add_argument(
         "--operator-args", nargs=argparse.REMAINDER, default=[], help="passed to the operator"
     )
     args = parser.parse_args(argv)
     print(f"# {os.cpu_count()} CPUs; load average at start {os.getloadavg()[0]:.2f}", flush=True)
     print(f"# operator args: {' '.join(args.operator_args) or '(defaults)'}", flush=True)
+    print(f"# kube-controller-manager QPS: {args.controller_manager_qps or '20 (default)'}")
     rows = []
     for n in args.experiments:
         row = run_scale(n, args)

@@ -29,6 +29,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(__file__))
+from trainer_bench import add_config_arguments, config_arguments
+
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 BYTES = {"f32": 4, "s32": 4, "u32": 4, "pred": 1, "f16": 2, "bf16": 2, "s8": 1, "u8": 1}
 
@@ -58,13 +61,13 @@ def child(args: argparse.Namespace) -> None:
             num_processes=args.processes,
             process_id=args.process_id,
         )
-    sys.path.insert(0, os.path.dirname(__file__))
     from trainer_bench import build_config
 
     from evokube_trainer.workflows import DeviceLayout, jit_workflow, make_workflow
 
     layout = DeviceLayout.over_all_devices() if jax.device_count() > 1 else None
-    fns = jit_workflow(make_workflow(build_config(args.algo, "pendulum", args), layout))
+    workflow = make_workflow(build_config(args.algo, "pendulum", args), layout)
+    fns = jit_workflow(workflow)
     state = fns.init(jax.random.PRNGKey(0))
     compiled = fns.step.lower(state).compile() if layout is not None else None
     count, size = collective_summary(compiled.as_text()) if compiled is not None else (0, 0)
@@ -75,6 +78,7 @@ def child(args: argparse.Namespace) -> None:
         state, metrics = fns.step(state)
     jax.block_until_ready(metrics)
     elapsed = time.perf_counter() - start
+    allreduce_ms = time_allreduce(workflow.optimizer.num_dims)
     if jax.process_index() == 0:
         print(
             json.dumps(
@@ -83,9 +87,36 @@ def child(args: argparse.Namespace) -> None:
                     "devices": jax.device_count(),
                     "collectives": count,
                     "collective_bytes": size,
+                    "allreduce_ms": allreduce_ms,
                 }
             )
         )
+
+
+def time_allreduce(num_dims: int) -> float:
+    """Median ms of one all-reduce of a [D] float32 vector over every device (the ES
+    gradient's, the largest collective a generation has), on the same processes."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    if jax.device_count() == 1:
+        return 0.0
+    mesh = jax.make_mesh((jax.device_count(),), ("d",))
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
+    local = np.ones((jax.local_device_count(), num_dims), np.float32)
+    x = jax.make_array_from_process_local_data(rows, local)
+    reduce = jax.jit(
+        lambda x: jnp.sum(x, axis=0),
+        out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
+    )
+    jax.block_until_ready(reduce(x))
+    times = []
+    for _ in range(20):
+        start = time.perf_counter()
+        jax.block_until_ready(reduce(x))
+        times.append(time.perf_counter() - start)
+    return 1e3 * sorted(times)[len(times) // 2]
 
 
 def run_point(processes: int, devices: int, pop: int, args: argparse.Namespace) -> dict:
@@ -111,7 +142,7 @@ def run_point(processes: int, devices: int, pop: int, args: argparse.Namespace) 
             f"--algo={args.algo}",
             f"--pop={pop}",
             f"--generations={args.generations}",
-            f"--updates={args.updates}",
+            *config_arguments(args),
         ]
         procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=args.timeout)[0] for p in procs]
@@ -128,7 +159,7 @@ def main(argv=None) -> None:
     parser.add_argument("--pop-per-device", type=int, default=16)
     parser.add_argument("--total-pop", type=int, default=64)
     parser.add_argument("--generations", type=int, default=5)
-    parser.add_argument("--updates", type=int, default=64, help="TD3 steps per generation")
+    add_config_arguments(parser, updates=64, replay_capacity=100_000)
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--process-id", type=int, default=0, help=argparse.SUPPRESS)
@@ -137,8 +168,6 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.child:
         args.processes = args.processes[0]
-        args.episode_length, args.erl_agents, args.hidden = None, 1, [256, 256]
-        args.replay_capacity = 100_000
         args.es_pop_size = args.rl_pop_size = args.pop
         child(args)
         return
@@ -149,9 +178,9 @@ def main(argv=None) -> None:
     )
     print(
         "| series | processes x devices | population | generations/s | efficiency "
-        "| collectives per generation (ops, MiB) | load |"
+        "| collectives per generation (ops, MiB) | all-reduce of [D] ms | load |"
     )
-    print("|" + "---|" * 7)
+    print("|" + "---|" * 8)
     for series in ("weak", "strong"):
         base = None
         for processes in args.processes:
@@ -166,7 +195,8 @@ def main(argv=None) -> None:
                 print(
                     f"| {series} | {processes} x {devices} | {pop} | {r['gen_per_s']:.2f} "
                     f"| {efficiency:.0%} | {r['collectives']}, "
-                    f"{r['collective_bytes'] / 2**20:.2f} | {os.getloadavg()[0]:.2f} |",
+                    f"{r['collective_bytes'] / 2**20:.2f} | {r['allreduce_ms']:.2f} "
+                    f"| {os.getloadavg()[0]:.2f} |",
                     flush=True,
                 )
     print(f"# load average at end {os.getloadavg()[0]:.2f}")

@@ -1,25 +1,30 @@
-"""Start-up: time to the first generation in a fresh process, cold and with a warm XLA cache.
+"""Start-up: time to the first generation when a trainer restarts, cold and with a warm XLA cache.
 
     .venv/bin/python -W ignore benchmarks/startup_bench.py                  # Pendulum, 3 algos
     .venv/bin/python -W ignore benchmarks/startup_bench.py --envs halfcheetah --warm-runs 1
 
-For each configuration the script starts a new Python process (a "restart") that turns on the
-persistent compilation cache exactly as the trainer does (`enable_compilation_cache`), builds the
-workflow, jits it with `jit_workflow`, runs `init` and the first generation and reports, from
-the moment the process started:
+Every run is a new Python process that calls the trainer's own `runtime.trainer.train` with a
+checkpoint directory, as a pod does (the persistent compilation cache lives in
+`<checkpoints>/xla-cache`, exactly as in a pod). Per configuration:
 
-  import s   importing jax and evokube (the same cold or warm),
-  build s    make_workflow + jit_workflow (no compilation yet),
-  init s     the jitted init (network init + replay warm-up), compilation included,
-  gen 1 s    the first generation, compilation included,
-  gen 2 s    the second generation: what one generation costs to run, nothing compiled,
-  total s    process start to the end of the first generation,
-  start-up s total minus gen 2: the time before the first generation could start running,
-  peak RSS   the process's peak resident memory (ru_maxrss), the whole run.
+  first start   no checkpoint, empty cache: init (network init + replay warm-up) and the first
+                generation, everything compiled; it stops after generation 1 and checkpoints it;
+  restart cold  the checkpoint of generation 1, an empty cache: what a restart costs without
+                the compilation cache (restore, then trace and compile the generation);
+  restart warm  the same checkpoint and the cache the first start filled (`--warm-runs` times).
 
-The first run uses an empty cache directory (cold); the next `--warm-runs` reuse it (warm).
-"speed-up" divides the cold figure by the warm one. The target is on start-up: a
-generation's own run time is the same cold or warm. Configurations are trainer_bench.py's.
+Columns, each measured from the moment the process started:
+
+  import s     importing jax, the envs and the trainer,
+  to gen 1 s   until the first generation of this process has finished (restore or init,
+               compilation, evaluation and the generation itself),
+  gen s        one more generation with nothing to compile: what a generation costs to run,
+  start-up s   to gen 1 minus gen: the time before the first generation could start running
+               (the target compares this between cold and warm restarts),
+  peak RSS     the process's peak resident memory (ru_maxrss), whole run.
+
+A second table splits compile-related time by jax.monitoring events (tracing, lowering to
+MLIR, XLA compilation, loading from the cache). Configurations are trainer_bench.py's.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ import tempfile
 import time
 
 START = time.perf_counter()
+sys.path.insert(0, os.path.dirname(__file__))
+from trainer_bench import add_config_arguments, config_arguments  # noqa: E402
+
 # jax.monitoring duration events -> where compile-related time went (seconds, summed).
 EVENTS = {
     "/jax/core/compile/jaxpr_trace_duration": "trace_s",
@@ -46,12 +54,10 @@ EVENTS = {
 
 def child(args: argparse.Namespace) -> None:
     import jax
-
-    sys.path.insert(0, os.path.dirname(__file__))
     from trainer_bench import build_config
 
-    from evokube_trainer.runtime.checkpoints import enable_compilation_cache
-    from evokube_trainer.workflows import jit_workflow, make_workflow
+    from evokube_trainer.runtime.config import RunConfig
+    from evokube_trainer.runtime.trainer import train
 
     imported = time.perf_counter()
     spent = dict.fromkeys(EVENTS.values(), 0.0)
@@ -61,26 +67,39 @@ def child(args: argparse.Namespace) -> None:
             spent[EVENTS[event]] += duration
 
     jax.monitoring.register_event_duration_secs_listener(listen)
-    enable_compilation_cache(args.cache_dir)
-    config = build_config(args.algo, args.env, args)
-    fns = jit_workflow(make_workflow(config))
-    built = time.perf_counter()
-    state = jax.block_until_ready(fns.init(jax.random.PRNGKey(0)))
-    initialized = time.perf_counter()
-    state, _ = jax.block_until_ready(fns.step(state))
-    stepped = time.perf_counter()
-    jax.block_until_ready(fns.step(state))
-    second = time.perf_counter() - stepped
+    finished: list[tuple[float, float]] = []  # (time since start, the generation's step_s)
+
+    class Clock:
+        def write(self, generation: int, metrics) -> None:
+            finished.append((time.perf_counter() - START, metrics["time/step_s"]))
+
+    config = RunConfig(
+        name="startup-bench",
+        namespace="bench",
+        seed=0,
+        workflow=build_config(args.algo, args.env, args),
+        max_generations=args.stop_at,
+        max_env_steps=None,
+        target_fitness=None,
+        max_wall_clock_s=None,
+        eval_interval=1,  # the manifest's default
+        checkpoint_location=None,
+        checkpoint_interval=10,  # the manifest's default
+        checkpoint_keep=3,
+        metrics_port=0,
+        devices_per_host=1,
+        hosts=1,
+    )
+    train(config, checkpoint_dir=args.checkpoint_dir, recorders=[Clock()])
+    first = finished[0][0]
+    gen = finished[1][1] if len(finished) > 1 else 0.0
     print(
         json.dumps(
             {
                 "import_s": imported - START,
-                "build_s": built - imported,
-                "init_s": initialized - built,
-                "gen1_s": stepped - initialized,
-                "total_s": stepped - START,
-                "gen2_s": second,
-                "startup_s": stepped - START - second,
+                "first_s": first,
+                "gen_s": gen,
+                "startup_s": first - gen,
                 **spent,
                 "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             }
@@ -88,7 +107,7 @@ def child(args: argparse.Namespace) -> None:
     )
 
 
-def run_child(algo: str, env: str, cache_dir: str, args: argparse.Namespace) -> dict:
+def run_child(algo: str, env: str, checkpoint_dir: str, stop_at: int, args) -> dict:
     command = [
         sys.executable,
         "-W",
@@ -99,18 +118,24 @@ def run_child(algo: str, env: str, cache_dir: str, args: argparse.Namespace) -> 
         algo,
         "--envs",
         env,
-        "--cache-dir",
-        cache_dir,
-        "--updates",
-        str(args.updates),
-        "--replay-capacity",
-        str(args.replay_capacity),
+        "--checkpoint-dir",
+        checkpoint_dir,
+        "--stop-at",
+        str(stop_at),
+        *config_arguments(args),
     ]
-    wall = time.perf_counter()
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    row = json.loads(out.strip().splitlines()[-1])
-    row["wall_s"] = time.perf_counter() - wall
-    return row
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def restart(algo: str, env: str, workdir: str, saved: str, cache: bool, args) -> dict:
+    """A new process resuming from the first start's checkpoint in the same directory (XLA's
+    cache keys include the cache's path), with or without the first start's compilations."""
+    shutil.rmtree(workdir)
+    shutil.copytree(os.path.join(saved, "checkpoints"), os.path.join(workdir, "checkpoints"))
+    if cache:
+        shutil.copytree(os.path.join(saved, "xla-cache"), os.path.join(workdir, "xla-cache"))
+    return run_child(algo, env, workdir, 3, args)  # resumes at 1, runs 2 and 3
 
 
 def main(argv=None) -> None:
@@ -118,60 +143,57 @@ def main(argv=None) -> None:
     parser.add_argument("--envs", nargs="+", default=["pendulum"])
     parser.add_argument("--algos", nargs="+", default=["cemrl", "erl", "openes"])
     parser.add_argument("--warm-runs", type=int, default=2)
-    parser.add_argument("--updates", type=int, default=256, help="TD3 steps per generation")
-    parser.add_argument("--replay-capacity", type=int, default=200_000)
+    add_config_arguments(parser)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--checkpoint-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--stop-at", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        # The child needs trainer_bench's flags; fill in its defaults.
         args.algo, args.env = args.algos[0], args.envs[0]
-        args.episode_length, args.es_pop_size, args.rl_pop_size = None, 32, 10
-        args.erl_agents, args.hidden = 1, [256, 256]
         child(args)
         return
 
     print(f"# {os.cpu_count()} CPUs; load average at start {os.getloadavg()[0]:.2f}")
     print(
-        "| algorithm | env | run | import s | build s | init s | gen 1 s | gen 2 s | total s "
-        "| start-up s | speed-up start-up | speed-up total | peak RSS MiB | load |"
+        "| algorithm | env | run | import s | to gen 1 s | gen s | start-up s "
+        "| start-up vs cold restart | peak RSS MiB | load |"
     )
-    print("|" + "---|" * 14)
+    print("|" + "---|" * 10)
     breakdown = []
     for env in args.envs:
         for algo in args.algos:
-            cache_dir = tempfile.mkdtemp(prefix="evokube-xla-cache-")
+            workdir = tempfile.mkdtemp(prefix="evokube-startup-")
+            saved = tempfile.mkdtemp(prefix="evokube-first-start-")
             try:
-                runs = [run_child(algo, env, cache_dir, args)]
-                runs += [run_child(algo, env, cache_dir, args) for _ in range(args.warm_runs)]
+                runs = [("first start", run_child(algo, env, workdir, 1, args))]
+                shutil.copytree(workdir, saved, dirs_exist_ok=True)
+                runs.append(("restart cold", restart(algo, env, workdir, saved, False, args)))
+                runs += [
+                    (f"restart warm {i + 1}", restart(algo, env, workdir, saved, True, args))
+                    for i in range(args.warm_runs)
+                ]
             finally:
-                shutil.rmtree(cache_dir, ignore_errors=True)
-            cold, warm = runs[0], runs[1:]
-            for index, r in enumerate(runs):
-                label = "cold" if index == 0 else f"warm {index}"
+                shutil.rmtree(workdir, ignore_errors=True)
+                shutil.rmtree(saved, ignore_errors=True)
+            cold = runs[1][1]
+            for label, r in runs:
                 breakdown.append((algo, env, label, r))
-                speed = "| | |"
-                if index > 0:
-                    speed = (
-                        f"| {cold['startup_s'] / r['startup_s']:.1f}x "
-                        f"| {cold['total_s'] / r['total_s']:.1f}x |"
-                    )
+                speed = f"{cold['startup_s'] / r['startup_s']:.1f}x" if "warm" in label else ""
+                gen = f"{r['gen_s']:.2f}" if r["gen_s"] else "-"
                 print(
-                    f"| {algo} | {env} | {label} | {r['import_s']:.1f} | {r['build_s']:.1f} "
-                    f"| {r['init_s']:.1f} | {r['gen1_s']:.1f} | {r['gen2_s']:.1f} "
-                    f"| {r['total_s']:.1f} | {r['startup_s']:.1f} {speed} "
-                    f"{r['maxrss_mib']:.0f} | {os.getloadavg()[0]:.2f} |",
+                    f"| {algo} | {env} | {label} | {r['import_s']:.1f} | {r['first_s']:.1f} "
+                    f"| {gen} | {r['startup_s']:.1f} | {speed} "
+                    f"| {r['maxrss_mib']:.0f} | {os.getloadavg()[0]:.2f} |",
                     flush=True,
                 )
-            del warm
     print()
     print("Where compile-related time went (jax.monitoring events, whole run, seconds):")
     print("| algorithm | env | run | trace s | lower to MLIR s | XLA compile s | cache load s |")
     print("|" + "---|" * 7)
     for algo, env, label, r in breakdown:
         print(
-            f"| {algo} | {env} | {label} | {r.get('trace_s', 0):.1f} | {r.get('lower_s', 0):.1f} "
-            f"| {r.get('xla_s', 0):.1f} | {r.get('cache_load_s', 0):.1f} |"
+            f"| {algo} | {env} | {label} | {r['trace_s']:.1f} | {r['lower_s']:.1f} "
+            f"| {r['xla_s']:.1f} | {r['cache_load_s']:.1f} |"
         )
     print(f"# load average at end {os.getloadavg()[0]:.2f}")
 

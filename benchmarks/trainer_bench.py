@@ -39,6 +39,37 @@ ENVS = {
 DEFAULT_EPISODE_LENGTH = {"pendulum": 200, "halfcheetah": 1000}
 
 
+CONFIG_FLAGS = {  # flag -> (type, default, help): what build_config reads from its args
+    "--episode-length": (int, None, "override T"),
+    "--es-pop-size": (int, 32, "OpenES population"),
+    "--rl-pop-size": (int, 10, "CEM-RL and ERL-GA population"),
+    "--erl-agents": (int, 1, "ERL-GA's TD3 agents"),
+    "--updates": (int, 256, "TD3 steps per generation"),
+    "--hidden": (int, [256, 256], "hidden layer sizes of actor and critic"),
+    "--replay-capacity": (int, 200_000, "replay buffer capacity"),
+}
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, **defaults) -> None:
+    """The flags build_config reads; every benchmark takes the same ones (`defaults` by dest)."""
+    for flag, (kind, default, text) in CONFIG_FLAGS.items():
+        dest = flag[2:].replace("-", "_")
+        nargs = "+" if isinstance(default, list) else None
+        parser.add_argument(
+            flag, type=kind, nargs=nargs, default=defaults.get(dest, default), help=text
+        )
+
+
+def config_arguments(args: argparse.Namespace) -> list[str]:
+    """`args`' configuration as command-line flags, for a child process."""
+    out: list[str] = []
+    for flag in CONFIG_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            out += [flag, *map(str, value if isinstance(value, list) else [value])]
+    return out
+
+
 def build_config(algo: str, env_name: str, args: argparse.Namespace):
     env = EnvConfig(
         ENVS[env_name],
@@ -119,13 +150,7 @@ def main(argv=None) -> None:
     parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
     parser.add_argument("--algos", nargs="+", default=["cemrl", "erl", "openes"])
     parser.add_argument("--generations", type=int, default=3, help="timed generations")
-    parser.add_argument("--episode-length", type=int, default=None, help="override T")
-    parser.add_argument("--es-pop-size", type=int, default=32)
-    parser.add_argument("--rl-pop-size", type=int, default=10)
-    parser.add_argument("--erl-agents", type=int, default=1)
-    parser.add_argument("--updates", type=int, default=256, help="TD3 steps per generation")
-    parser.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
-    parser.add_argument("--replay-capacity", type=int, default=200_000)
+    add_config_arguments(parser)
     args = parser.parse_args(argv)
 
     print(

@@ -142,9 +142,17 @@ def _pid_alive(pid: int) -> bool:
 class ControlPlane:
     """Start, find and stop one test cluster living in `workdir`."""
 
-    def __init__(self, workdir: Path, binaries: Binaries | None = None):
+    def __init__(
+        self,
+        workdir: Path,
+        binaries: Binaries | None = None,
+        controller_manager_qps: int | None = None,
+    ):
+        """`controller_manager_qps` raises kube-controller-manager's client rate limit (burst
+        twice that) from its default of 20/s; scale benchmarks need it, tests do not."""
         self.workdir = Path(workdir).resolve()
         self._binaries = binaries
+        self._kcm_qps = controller_manager_qps
         self._procs: dict[str, subprocess.Popen] = {}
         self.state = ClusterState.load(self.workdir)
 
@@ -492,6 +500,11 @@ class ControlPlane:
                 f"--root-ca-file={pki / 'ca.crt'}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--controllers=*",
+                *(
+                    [f"--kube-api-qps={self._kcm_qps}", f"--kube-api-burst={2 * self._kcm_qps}"]
+                    if self._kcm_qps
+                    else []
+                ),
             ],
         )
         self._wait(
