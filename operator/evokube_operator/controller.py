@@ -4,8 +4,9 @@ Kopf handlers (handlers.py) only say "look at experiment X again" - when it
 changes, when one of its Jobs or pods changes, when a deadline or TTL comes
 due. Requests for the same experiment coalesce; an experiment is never
 reconciled twice at once; a failed reconcile is retried with backoff. The
-reconcile itself (blocking API calls) runs in worker threads, reading the
-experiment, its Jobs and its pods from Kopf's in-memory indices.
+reconcile itself (blocking API calls) runs in worker threads, one per worker
+(asyncio's default pool has only CPUs + 4 threads, which capped the workers),
+reading the experiment, its Jobs and its pods from Kopf's in-memory indices.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +83,7 @@ class Controller:
         self._again: set[Key] = set()  # requested while being reconciled
         self._timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
         self._tasks: list[asyncio.Task] = []
+        self._threads = ThreadPoolExecutor(workers, thread_name_prefix="evokube-reconcile")
 
     # -- requests ---------------------------------------------------------------------------
     def request(self, key: Key, delay: float = 0.0) -> None:
@@ -131,6 +134,7 @@ class Controller:
         for _, handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
+        self._threads.shutdown(wait=False, cancel_futures=True)
 
     @property
     def alive(self) -> bool:
@@ -161,8 +165,8 @@ class Controller:
         body, jobs, pods = self.indices.snapshot(key)
         started = time.perf_counter()
         try:
-            outcome: Outcome = await asyncio.to_thread(
-                self.reconciler.reconcile, key, body, jobs, pods
+            outcome: Outcome = await asyncio.get_running_loop().run_in_executor(
+                self._threads, self.reconciler.reconcile, key, body, jobs, pods
             )
         except Exception as err:
             delay = self.backoff.next(key)

@@ -144,3 +144,27 @@ def test_an_experiment_that_is_gone_is_forgotten_in_the_metrics():
     run(rec, scenario)
     assert 'evokube_operator_experiments{phase="Running"} 1.0' in seen["before"]
     assert 'evokube_operator_experiments{phase="Running"} 0.0' in seen["after"]
+
+
+def test_every_worker_reconciles_at_once():
+    """As many reconciles run together as there are workers (API calls are waits, not work):
+    more than asyncio's default thread pool (CPUs + 4) would allow."""
+    workers = 16
+    arrived = threading.Barrier(workers, timeout=10)
+
+    class Gathering(ScriptedReconciler):
+        def reconcile(self, key, body, jobs, pods):
+            arrived.wait()  # breaks (and fails the reconcile) unless all run together
+            return super().reconcile(key, body, jobs, pods)
+
+    rec = Gathering()
+    keys = [("ns", f"e{i}") for i in range(workers)]
+
+    async def scenario(controller):
+        for key in keys:
+            controller.request(key)
+        await until(lambda: len(rec.calls) == workers, "every reconcile", timeout=20)
+
+    run(rec, scenario, workers=workers)
+    assert sorted(rec.calls) == sorted(keys)
+    assert not arrived.broken
