@@ -7,31 +7,22 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import optax
-from flax import struct
 
 from evokube_trainer.ec._base import (
-    EvoOptimizer,
     OptimizerFactory,
     ScheduleLike,
-    ascent_step,
-    check_mirrored,
+    SearchGradient,
+    SearchGradientState,
     fitness_stats,
-    gaussian_noise,
-    gradient_ascent,
     schedule_value,
     top_k_indices,
 )
 
-
-@struct.dataclass
-class ARSState:
-    mean: jax.Array  # [D]
-    opt_state: optax.OptState
-    generation: jax.Array  # [] int32
+ARSState = SearchGradientState
 
 
 @dataclasses.dataclass(frozen=True)
-class ARS(EvoOptimizer):
+class ARS(SearchGradient):
     """ARS over `pop_size // 2` mirrored directions delta_k.
 
     The population holds each `mean + sigma * delta_k` (even rows) next to its
@@ -46,10 +37,10 @@ class ARS(EvoOptimizer):
     num_top_directions: int | None = None
     optimizer: OptimizerFactory = optax.sgd
     weight_decay: float = 0.0
+    mirrored = True  # a constant, not a field: ARS's directions always come in mirrored pairs
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_mirrored(True, self.pop_size)
         top = self._num_top()
         if not 1 <= top <= self.pop_size // 2:
             raise ValueError(f"num_top_directions must lie in [1, {self.pop_size // 2}], got {top}")
@@ -58,21 +49,6 @@ class ARS(EvoOptimizer):
         if self.num_top_directions is None:
             return self.pop_size // 2
         return self.num_top_directions
-
-    def _transform(self) -> optax.GradientTransformation:
-        return gradient_ascent(self.optimizer, self.learning_rate, self.weight_decay)
-
-    def init(self, key: jax.Array, mean: jax.Array) -> ARSState:
-        del key
-        mean = self._check_mean(mean)
-        return ARSState(
-            mean=mean, opt_state=self._transform().init(mean), generation=jnp.zeros((), jnp.int32)
-        )
-
-    def ask(self, state: ARSState, key: jax.Array) -> tuple[jax.Array, ARSState]:
-        sigma = schedule_value(self.sigma, state.generation)
-        noise = gaussian_noise(key, self.pop_size, self.num_dims, mirrored=True)
-        return state.mean + sigma * noise, state
 
     def tell(
         self, state: ARSState, population: jax.Array, fitness: jax.Array
@@ -85,12 +61,10 @@ class ARS(EvoOptimizer):
         std = jnp.std(used)
         std = jnp.where(std > 0, std, 1.0)
         grad = (r_plus[top] - r_minus[top]) @ deltas[top] / (self._num_top() * std)  # [D]
-        mean, opt_state = ascent_step(self._transform(), state.opt_state, state.mean, grad)
         metrics = {
             **fitness_stats(fitness),
             "sigma": sigma,
             "returns_std": std,
             "grad_norm": jnp.linalg.norm(grad),
         }
-        state = state.replace(mean=mean, opt_state=opt_state, generation=state.generation + 1)
-        return state, metrics
+        return self._ascend(state, grad), metrics

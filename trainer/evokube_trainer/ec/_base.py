@@ -1,5 +1,7 @@
 """What every optimizer shares: the interface, sampling, schedules, recombination weights and the
-optax-driven gradient-ascent step on the mean.
+optax-driven gradient-ascent step on the mean, plus the common preamble of the isotropic-Gaussian
+optimizers (`GaussianSearch`: VanillaES, OpenES, ARS) and of those among them that move the mean by
+an optax transform (`SearchGradient` and its `SearchGradientState`: OpenES, ARS).
 
 Conventions: fitness is MAXIMIZED; a population is `[pop, D]` float32; every `tell` recomputes
 what it needs from the population it is given (never from what `ask` sampled), so a caller may
@@ -17,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import struct
 
 Array = jax.Array
 Schedule = Callable[[Array], Array]  # generation [] int32 -> value []
@@ -153,3 +156,63 @@ def ascent_step(
     """One step of `transform` up the fitness gradient `grad` [D] (optax minimizes: negate)."""
     updates, opt_state = transform.update(-grad, opt_state, mean)
     return optax.apply_updates(mean, updates), opt_state
+
+
+class GaussianSearch(EvoOptimizer):
+    """Samples `mean + sigma * eps`, eps ~ N(0, I) in mirrored pairs when `mirrored`, around a state
+    with `mean` [D] and `generation` [] (`sigma` is a constant or a schedule of the generation).
+
+    Deliberately not a dataclass itself: each subclass declares `sigma` and `mirrored` as its own
+    fields (or `mirrored` as a plain class constant), so its field order and constructor are its
+    own.
+    """
+
+    sigma: ScheduleLike
+    mirrored: bool
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_mirrored(self.mirrored, self.pop_size)
+
+    def ask(self, state: Any, key: Array) -> tuple[Array, Any]:
+        sigma = schedule_value(self.sigma, state.generation)
+        noise = gaussian_noise(key, self.pop_size, self.num_dims, self.mirrored)
+        return state.mean + sigma * noise, state
+
+
+@struct.dataclass
+class SearchGradientState:
+    """State of a `SearchGradient` optimizer (exported as `OpenESState` and `ARSState`)."""
+
+    mean: jax.Array  # [D]
+    opt_state: optax.OptState  # the optax state of the mean update
+    generation: jax.Array  # [] int32, number of tells so far
+
+
+class SearchGradient(GaussianSearch):
+    """A `GaussianSearch` whose `tell` estimates a fitness gradient and moves the mean one step of
+    `optimizer(learning_rate)` up it (`_ascend`), with optional L2 `weight_decay`.
+
+    Not a dataclass itself, like `GaussianSearch`: subclasses declare these fields.
+    """
+
+    learning_rate: ScheduleLike
+    optimizer: OptimizerFactory
+    weight_decay: float
+
+    def _transform(self) -> optax.GradientTransformation:
+        return gradient_ascent(self.optimizer, self.learning_rate, self.weight_decay)
+
+    def init(self, key: Array, mean: Array) -> SearchGradientState:
+        del key
+        mean = self._check_mean(mean)
+        return SearchGradientState(
+            mean=mean,
+            opt_state=self._transform().init(mean),
+            generation=jnp.zeros((), jnp.int32),
+        )
+
+    def _ascend(self, state: SearchGradientState, grad: Array) -> SearchGradientState:
+        """`state` after one step of the mean up the fitness gradient `grad` [D]."""
+        mean, opt_state = ascent_step(self._transform(), state.opt_state, state.mean, grad)
+        return state.replace(mean=mean, opt_state=opt_state, generation=state.generation + 1)

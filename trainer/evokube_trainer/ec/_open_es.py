@@ -7,31 +7,22 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import optax
-from flax import struct
 
 from evokube_trainer.ec._base import (
-    EvoOptimizer,
     OptimizerFactory,
     ScheduleLike,
-    ascent_step,
-    check_mirrored,
+    SearchGradient,
+    SearchGradientState,
     fitness_stats,
-    gaussian_noise,
-    gradient_ascent,
     schedule_value,
 )
 from evokube_trainer.ec._shaping import FitnessShaping, centered_rank
 
-
-@struct.dataclass
-class OpenESState:
-    mean: jax.Array  # [D]
-    opt_state: optax.OptState  # the optax state of the mean update
-    generation: jax.Array  # [] int32, number of tells so far
+OpenESState = SearchGradientState
 
 
 @dataclasses.dataclass(frozen=True)
-class OpenES(EvoOptimizer):
+class OpenES(SearchGradient):
     """OpenAI-ES.
 
     grad = sum_i shaped_i * eps_i / (pop * sigma), with eps_i = (x_i - mean) / sigma; the mean
@@ -47,27 +38,6 @@ class OpenES(EvoOptimizer):
     mirrored: bool = True
     fitness_shaping: FitnessShaping = centered_rank
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_mirrored(self.mirrored, self.pop_size)
-
-    def _transform(self) -> optax.GradientTransformation:
-        return gradient_ascent(self.optimizer, self.learning_rate, self.weight_decay)
-
-    def init(self, key: jax.Array, mean: jax.Array) -> OpenESState:
-        del key
-        mean = self._check_mean(mean)
-        return OpenESState(
-            mean=mean,
-            opt_state=self._transform().init(mean),
-            generation=jnp.zeros((), jnp.int32),
-        )
-
-    def ask(self, state: OpenESState, key: jax.Array) -> tuple[jax.Array, OpenESState]:
-        sigma = schedule_value(self.sigma, state.generation)
-        noise = gaussian_noise(key, self.pop_size, self.num_dims, self.mirrored)
-        return state.mean + sigma * noise, state
-
     def tell(
         self, state: OpenESState, population: jax.Array, fitness: jax.Array
     ) -> tuple[OpenESState, dict[str, jax.Array]]:
@@ -75,7 +45,5 @@ class OpenES(EvoOptimizer):
         noise = (population - state.mean) / sigma  # [pop, D]
         utilities = self.fitness_shaping(fitness)  # [pop]
         grad = utilities @ noise / (self.pop_size * sigma)  # [D]
-        mean, opt_state = ascent_step(self._transform(), state.opt_state, state.mean, grad)
         metrics = {**fitness_stats(fitness), "sigma": sigma, "grad_norm": jnp.linalg.norm(grad)}
-        state = state.replace(mean=mean, opt_state=opt_state, generation=state.generation + 1)
-        return state, metrics
+        return self._ascend(state, grad), metrics

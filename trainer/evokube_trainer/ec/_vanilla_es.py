@@ -14,11 +14,9 @@ import numpy as np
 from flax import struct
 
 from evokube_trainer.ec._base import (
-    EvoOptimizer,
+    GaussianSearch,
     ScheduleLike,
-    check_mirrored,
     fitness_stats,
-    gaussian_noise,
     log_rank_weights,
     resolve_num_elites,
     schedule_value,
@@ -33,7 +31,7 @@ class VanillaESState:
 
 
 @dataclasses.dataclass(frozen=True)
-class VanillaES(EvoOptimizer):
+class VanillaES(GaussianSearch):
     """mean <- sum_i w_i x_(i) over the `num_elites` best members (pop // 2 when None).
 
     `elite_weighting="log"` uses w_i ∝ log(num_elites + 0.5) - log(i); "equal" a plain average.
@@ -48,7 +46,6 @@ class VanillaES(EvoOptimizer):
     def __post_init__(self) -> None:
         super().__post_init__()
         resolve_num_elites(self.num_elites, self.pop_size)
-        check_mirrored(self.mirrored, self.pop_size)
         if self.elite_weighting not in ("log", "equal"):
             raise ValueError(f"elite_weighting must be 'log' or 'equal': {self.elite_weighting}")
 
@@ -61,11 +58,6 @@ class VanillaES(EvoOptimizer):
     def init(self, key: jax.Array, mean: jax.Array) -> VanillaESState:
         del key
         return VanillaESState(mean=self._check_mean(mean), generation=jnp.zeros((), jnp.int32))
-
-    def ask(self, state: VanillaESState, key: jax.Array) -> tuple[jax.Array, VanillaESState]:
-        sigma = schedule_value(self.sigma, state.generation)
-        noise = gaussian_noise(key, self.pop_size, self.num_dims, self.mirrored)
-        return state.mean + sigma * noise, state
 
     def tell(
         self, state: VanillaESState, population: jax.Array, fitness: jax.Array

@@ -56,8 +56,12 @@ class Env:
 
 
 @dataclasses.dataclass(frozen=True)
-class Wrapper(Env):
-    """An env that delegates to ``env`` and changes part of its behaviour."""
+class DelegatingEnv(Env):
+    """An env built on ``env`` that keeps its ``obs_dim``, ``action_space`` and unwrapped env.
+
+    The common base of ``Wrapper`` (which also keeps ``num_envs``) and ``VmapEnv`` (which has
+    ``num_envs`` as its own field: a subclass cannot turn an inherited property into a field).
+    """
 
     env: Env
 
@@ -70,12 +74,17 @@ class Wrapper(Env):
         return self.env.action_space
 
     @property
-    def num_envs(self) -> int | None:  # type: ignore[override]
-        return self.env.num_envs
-
-    @property
     def unwrapped(self) -> Env:
         return self.env.unwrapped
+
+
+@dataclasses.dataclass(frozen=True)
+class Wrapper(DelegatingEnv):
+    """An env that delegates to ``env`` and changes part of its behaviour."""
+
+    @property
+    def num_envs(self) -> int | None:  # type: ignore[override]
+        return self.env.num_envs
 
     def reset(self, key: jax.Array) -> EnvState:
         return self.env.reset(key)

@@ -7,7 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from evokube_trainer.envs._base import Env, EnvState, Wrapper, tree_where
+from evokube_trainer.envs._base import DelegatingEnv, EnvState, Wrapper, tree_where
 from evokube_trainer.envs._spaces import Box, Discrete, Space
 
 SQUASH_MODES = ("clip", "tanh", None)
@@ -100,13 +100,12 @@ class RewardScale(Wrapper):
 
 
 @dataclasses.dataclass(frozen=True)
-class VmapEnv(Env):
+class VmapEnv(DelegatingEnv):
     """``num_envs`` independent copies of an unbatched env, stepped with ``jax.vmap``.
 
     ``reset`` splits its key into one per copy; ``step`` takes actions ``[num_envs, ...]``.
     """
 
-    env: Env
     num_envs: int  # type: ignore[assignment]
 
     def __post_init__(self):
@@ -114,18 +113,6 @@ class VmapEnv(Env):
             raise ValueError(f"num_envs must be >= 1, got {self.num_envs}")
         if self.env.num_envs is not None:
             raise ValueError("VmapEnv wraps an unbatched env")
-
-    @property
-    def obs_dim(self) -> int:  # type: ignore[override]
-        return self.env.obs_dim
-
-    @property
-    def action_space(self) -> Space:  # type: ignore[override]
-        return self.env.action_space
-
-    @property
-    def unwrapped(self) -> Env:
-        return self.env.unwrapped
 
     def reset(self, key: jax.Array) -> EnvState:
         keys = jax.random.split(key, self.num_envs)
