@@ -6,6 +6,7 @@ Compilation dominates on CPU, so the small workflows are module fixtures compile
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -239,6 +240,15 @@ def test_save_restore_then_step_matches_stepping_on(name, request, tmp_path):
     resumed, resumed_metrics = fns.step(restored)
     assert _leaves_equal(continued, resumed)
     assert _leaves_equal(metrics, resumed_metrics)
+
+
+@pytest.mark.parametrize("name", ["tiny_erl", "tiny_cemrl"])
+def test_state_shapes_match_init_without_tracing_the_warm_up(name, request):
+    workflow, _ = request.getfixturevalue(name)
+    assert workflow.state_shapes() == jax.eval_shape(workflow.init, jax.random.PRNGKey(0))
+    key = jax.random.PRNGKey(0)
+    assert "scan" in str(jax.make_jaxpr(workflow.init)(key))  # the warm-up: a scan of env steps
+    assert "scan" not in str(jax.make_jaxpr(functools.partial(workflow.init, warm_up=False))(key))
 
 
 def test_a_restored_state_compiles_to_the_first_runs_program(tiny_erl, tmp_path):

@@ -53,7 +53,7 @@ class Checkpointer:
     def restore_latest(self, template: Any) -> tuple[Any, int] | None:
         """The newest readable checkpoint shaped like `template`, with its generation.
 
-        `template` may be a real state or `jax.eval_shape(workflow.init, key)`; give its
+        `template` may be a real state or `workflow.state_shapes()`; give its
         leaves shardings (`jax.ShapeDtypeStruct(..., sharding=...)`) to restore a state
         spread over devices and processes.
         """

@@ -157,7 +157,7 @@ def train(
             interval=config.checkpoint_interval,
             keep=config.checkpoint_keep,
         )
-        restored = checkpointer.restore_latest(_restore_template(workflow, key, layout))
+        restored = checkpointer.restore_latest(_restore_template(workflow, layout))
         if restored is not None:
             state, generation = restored
             log.info("resumed from checkpoint at generation %d", generation)
@@ -190,8 +190,8 @@ def train(
     return Outcome(code, loop.generation, loop.reason)
 
 
-def _restore_template(workflow, key, layout):
-    abstract = jax.eval_shape(workflow.init, key)
+def _restore_template(workflow, layout):
+    abstract = workflow.state_shapes()
     if layout is None:
         return abstract
     return jax.tree.map(

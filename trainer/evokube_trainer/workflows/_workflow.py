@@ -21,6 +21,7 @@ checkpoints all stay on the host.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -100,8 +101,9 @@ class Workflow:
 
     # ---- state ---------------------------------------------------------------------------------
 
-    def init(self, key: Array) -> WorkflowState:
-        """The first state; with a learner, also fills the buffer with random transitions."""
+    def init(self, key: Array, warm_up: bool = True) -> WorkflowState:
+        """The first state; with a learner, also fills the buffer with random transitions
+        (unless `warm_up` is False: the state is then shaped alike, the buffer empty)."""
         key, mean_key, ec_key, pop_key, learner_key, warmup_key = jax.random.split(key, 6)
         mean = self.flatten(self.init_params(mean_key))  # [D]
         ec_state = self.optimizer.init(ec_key, mean)
@@ -119,12 +121,19 @@ class Workflow:
         if self.learner is None:
             return state
         replay = self.buffer.init(self._example_transition())
-        if self.warmup_env is not None and self.warmup_steps_per_env > 0:
+        if warm_up and self.warmup_env is not None and self.warmup_steps_per_env > 0:
             transitions = random_transitions(self.warmup_env, self.warmup_steps_per_env, warmup_key)
             replay = self.buffer.add(replay, transitions)
             num_random = self.warmup_steps_per_env * self.warmup_env.num_envs
             state = state.replace(env_steps=jnp.asarray(num_random, jnp.int32))
         return state.replace(learner=self.learner.init(learner_key), replay=replay)
+
+    def state_shapes(self) -> WorkflowState:
+        """The state's structure, shapes and dtypes (what a checkpoint restore needs), without
+        tracing the warm-up's env steps, which fill values only: with Brax that trace took
+        seconds of every restart."""
+        key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+        return jax.eval_shape(functools.partial(self.init, warm_up=False), key)
 
     def _example_transition(self) -> Transition:
         obs = jnp.zeros((self.env.obs_dim,), jnp.float32)
@@ -292,7 +301,7 @@ def jit_workflow(workflow: Workflow, *, donate: bool = False) -> JittedWorkflow:
             step=jax.jit(workflow.step, donate_argnums=donated),
             evaluate=jax.jit(workflow.evaluate),
         )
-    states = layout.state_shardings(jax.eval_shape(workflow.init, jax.random.PRNGKey(0)))
+    states = layout.state_shardings(workflow.state_shapes())
     init = jax.jit(workflow.init, in_shardings=layout.replicated, out_shardings=states)
     return JittedWorkflow(
         init=lambda key: init(layout.put_replicated(np.asarray(key))),
