@@ -18,6 +18,7 @@ from evokube_trainer.envs import (
     GymnaxEnv,
     ObservationNorm,
     init_running_stats,
+    make_backend_env,
     make_env,
     merge_running_stats,
     normalize_obs,
@@ -385,3 +386,12 @@ def test_eager_step_matches_jit():
 
     for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted), strict=True):
         np.testing.assert_allclose(plain(a), plain(b), rtol=1e-6)
+
+
+def test_a_backend_env_is_built_once_per_arguments_and_shared():
+    first = make_backend_env("gymnax/Pendulum-v1")
+    assert make_backend_env("gymnax/Pendulum-v1") is first
+    assert make_backend_env("brax/halfcheetah") is make_backend_env("brax/halfcheetah")
+    other = make_backend_env("brax/halfcheetah", backend="positional")
+    assert other is not make_backend_env("brax/halfcheetah")
+    assert other.backend == "positional"
