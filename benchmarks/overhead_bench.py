@@ -32,7 +32,8 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(__file__))
-from trainer_bench import ENVS, add_config_arguments, build_config
+from config_flags import add_config_arguments
+from trainer_bench import ENVS, build_config
 
 from evokube_trainer.workflows import jit_workflow, make_workflow
 

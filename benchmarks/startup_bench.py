@@ -41,7 +41,7 @@ import time
 
 START = time.perf_counter()
 sys.path.insert(0, os.path.dirname(__file__))
-from trainer_bench import add_config_arguments, config_arguments  # noqa: E402
+from config_flags import add_config_arguments, config_arguments  # noqa: E402
 
 # jax.monitoring duration events -> where compile-related time went (seconds, summed).
 EVENTS = {
