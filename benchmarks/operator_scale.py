@@ -28,6 +28,7 @@ import concurrent.futures
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -376,6 +377,7 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
                 operator.kill()
         if not args.keep:
             plane.stop()
+            shutil.rmtree(workdir, ignore_errors=True)  # etcd data and logs: up to a GiB
         else:
             print(f"# cluster kept in {workdir}", flush=True)
 
