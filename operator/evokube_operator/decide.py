@@ -245,41 +245,32 @@ def _start(step: _Step, status: Status, spec: ExperimentSpec, events=()) -> Plan
         checkpoint_location=spec.checkpoint_location,
         start_time=start,
     )
-    old_pods = step.unstopped_pods()
-    if old_pods:
-        running = cond.Condition(
-            api.COND_RUNNING,
-            False,
+    waiting = bool(step.unstopped_pods())
+    if waiting:  # No pod count in the message: it changes only once, so the wait costs one write.
+        reason, message = (
             api.REASON_WAITING_FOR_PREVIOUS_PODS,
-            # No pod count: the message changes only once, so the wait costs one write.
             f"Job {name} waits for the pods of an earlier gang to stop",
         )
     else:
-        running = cond.Condition(
-            api.COND_RUNNING,
-            False,
+        reason, message = (
             api.REASON_WAITING_FOR_HOSTS,
             f"waiting for the {hosts} hosts of Job {name} to run",
         )
+    running = cond.Condition(api.COND_RUNNING, False, reason, message)
     status = replace(status, conditions=step.conditions(status, running))
-    start_at = parse_time(start)
-    left = deadline.remaining(start_at, spec.active_deadline_seconds, step.obs.now)
-    if old_pods:
+    start_at, now = parse_time(start), step.obs.now
+    requeue = deadline.remaining(start_at, spec.active_deadline_seconds, now)
+    job_deadline = deadline.job_deadline(start_at, spec.active_deadline_seconds, now)
+    if waiting:
         wait = WAIT_FOR_PODS_REQUEUE_SECONDS
-        return Plan(
-            status,
-            events=tuple(events),
-            delete_jobs=step.live_jobs(keep=name),
-            requeue_after=wait if left is None else min(wait, left),
-            spec=spec,
-        )
+        requeue, job_deadline = (wait if requeue is None else min(wait, requeue)), None
     return Plan(
         status,
         events=tuple(events),
-        create_job=attempt,
-        job_deadline=deadline.job_deadline(start_at, spec.active_deadline_seconds, step.obs.now),
+        create_job=None if waiting else attempt,
+        job_deadline=job_deadline,
         delete_jobs=step.live_jobs(keep=name),
-        requeue_after=left,
+        requeue_after=requeue,
         spec=spec,
     )
 

@@ -56,6 +56,7 @@ class ApiError(Exception):
 
 
 RequestCounter = Callable[[str, str, int], None]  # (verb, kind, status)
+PARALLEL_WRITES = 16  # the write pool's threads (apply_all)
 
 
 class Kube:
@@ -70,7 +71,7 @@ class Kube:
         client: ApiClient,
         count: RequestCounter | None = None,
         timeout=30.0,
-        parallel_writes: int = 16,
+        parallel_writes: int = PARALLEL_WRITES,
     ):
         self.client = client
         self._count = count or (lambda verb, kind, code: None)
@@ -84,7 +85,7 @@ class Kube:
     @classmethod
     def from_configuration(cls, configuration: Configuration, **kwargs: Any) -> Kube:
         """Keeps enough connections open for the write pool and the reconcile workers."""
-        wanted = 2 * kwargs.get("parallel_writes", 16)
+        wanted = 2 * kwargs.get("parallel_writes", PARALLEL_WRITES)
         configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, wanted)
         return cls(ApiClient(configuration), **kwargs)
 

@@ -32,10 +32,12 @@ def make_backend_env(name: str, *, backend: str | None = None, **env_kwargs) -> 
     workflow makes three (rollouts, evaluation, warm-up), and building a Brax env parses its
     MJCF model and traces a reset (about a second each on 2 CPUs).
     """
+    arguments = tuple(sorted(env_kwargs.items()))
     try:
-        return _cached_backend_env(name, backend, tuple(sorted(env_kwargs.items())))
+        hash(arguments)
     except TypeError:  # unhashable arguments: build it afresh
         return _backend_env(name, backend, **env_kwargs)
+    return _cached_backend_env(name, backend, arguments)
 
 
 @functools.cache
