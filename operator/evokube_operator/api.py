@@ -44,8 +44,17 @@ CONTAINER: Final = "trainer"
 TRAINER_COMMAND: Final = ("evokube-train",)
 MANIFEST_DIR: Final = "/etc/evokube"
 MANIFEST_FILE: Final = "experiment.yaml"
+# The manifest travels in this pod-template annotation; a downwardAPI volume mounts it at
+# MANIFEST_DIR/MANIFEST_FILE, so every host of one gang reads the same manifest.
+MANIFEST_ANNOTATION: Final = "evokube.io/manifest"
+# A PersistentVolumeClaim may be an experiment's checkpoint volume only with this label set to
+# "true", by someone allowed to edit claims (experiment authors must not mount any claim).
+LABEL_CHECKPOINT_CLAIM: Final = "evokube.io/checkpoint-claim"
 DEFAULT_CHECKPOINT_DIR: Final = "/checkpoints"
 TRAINER_UID: Final = 1000  # non-root user of the trainer images
+# The root filesystem is read-only: an emptyDir here is the trainer's scratch space and its
+# HOME (caches of JAX, XLA, CUDA, Triton, matplotlib go under $HOME/.cache and the like).
+SCRATCH_DIR: Final = "/tmp"
 
 # Environment variables of the operator/trainer contract (docs/architecture.md).
 ENV_MANIFEST: Final = "EVOKUBE_MANIFEST"
@@ -59,6 +68,7 @@ ENV_METRICS_PORT: Final = "EVOKUBE_METRICS_PORT"
 ENV_ATTEMPT: Final = "EVOKUBE_ATTEMPT"
 ENV_XLA_FLAGS: Final = "XLA_FLAGS"
 ENV_REPORT_STATUS: Final = "EVOKUBE_REPORT_STATUS"
+ENV_HOME: Final = "HOME"  # SCRATCH_DIR: writable, unlike the image's home
 
 # -- exit codes of the trainer ------------------------------------------------------
 EXIT_SUCCESS: Final = 0
@@ -80,6 +90,8 @@ COND_RESTARTING: Final = "Restarting"  # True from a gang failure until every ne
 COND_SUSPENDED: Final = "Suspended"  # True while spec.suspend keeps the gang away
 COND_SUCCEEDED: Final = "Succeeded"  # final
 COND_FAILED: Final = "Failed"  # final
+# True while something a person must fix keeps the gang from starting or going on.
+COND_BLOCKED: Final = "Blocked"
 
 # -- status.conditions: reasons (also the reasons of the Events) --------------------------
 REASON_WAITING_FOR_HOSTS: Final = "WaitingForHosts"
@@ -98,6 +110,20 @@ REASON_PERMANENT_FAILURE: Final = "PermanentFailure"
 REASON_MAX_RESTARTS: Final = "MaxRestartsExceeded"
 REASON_DEADLINE: Final = "DeadlineExceeded"
 REASON_INVALID_SPEC: Final = "InvalidSpec"
+# Blocked: an object the experiment needs has a name taken by one it does not own.
+REASON_NAME_CONFLICT: Final = "NameConflict"
+# Blocked: the checkpoint claim is missing or not labelled LABEL_CHECKPOINT_CLAIM=true.
+REASON_CLAIM_NOT_ALLOWED: Final = "ClaimNotAllowed"
+REASON_UNBLOCKED: Final = "Unblocked"  # Blocked False: the cause is gone
+# Restarting: someone else deleted the current Job; the next attempt starts (a preemption).
+REASON_JOB_DELETED: Final = "JobDeleted"
+# When the trainer pods cannot be created or cannot start (policies/startup.py).
+REASON_POD_CREATION_REFUSED: Final = "PodCreationRefused"  # Failed: admission said no
+REASON_POD_CREATION_FAILING: Final = "PodCreationFailing"  # Blocked: quota, for example
+REASON_INVALID_IMAGE: Final = "InvalidImage"  # Failed: the kubelet cannot parse spec.image
+REASON_IMAGE_PULL_BACKOFF: Final = "ImagePullBackOff"  # Blocked, Failed after the timeout
+REASON_CONTAINER_CONFIG_ERROR: Final = "ContainerConfigError"  # Blocked: a missing Secret...
+REASON_UNSCHEDULABLE: Final = "Unschedulable"  # Blocked after the timeout, never Failed
 # Event-only reasons.
 REASON_JOB_CREATED: Final = "JobCreated"
 REASON_EXPIRED: Final = "Expired"

@@ -10,7 +10,7 @@ created before instead of creating it twice:
 | object | name |
 |---|---|
 | headless Service | `<experiment>` |
-| ConfigMap with the manifest | `<experiment>-manifest` |
+| NetworkPolicy (unless turned off) | `<experiment>` |
 | ServiceAccount, Role, RoleBinding | `<experiment>-trainer` |
 | Indexed Job of attempt n | `<experiment>-<n>` (n = restarts + preemptions) |
 """
@@ -18,6 +18,7 @@ created before instead of creating it twice:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -36,8 +37,8 @@ def service_name(experiment: str) -> str:
     return experiment
 
 
-def config_map_name(experiment: str) -> str:
-    return f"{experiment}-manifest"
+def network_policy_name(experiment: str) -> str:
+    return experiment
 
 
 def trainer_account_name(experiment: str) -> str:
@@ -75,6 +76,11 @@ def common_labels(experiment: str) -> dict[str, str]:
     }
 
 
+def gang_selector(experiment: str) -> dict[str, str]:
+    """The labels every pod of the experiment's gangs has, whatever the attempt."""
+    return {api.LABEL_EXPERIMENT: experiment, api.LABEL_MANAGED_BY: api.MANAGED_BY}
+
+
 def _metadata(exp: Experiment, name: str, **extra: Any) -> dict[str, Any]:
     return {
         "name": name,
@@ -97,12 +103,16 @@ def manifest_yaml(exp: Experiment) -> str:
     return yaml.safe_dump(document, sort_keys=False)
 
 
-def config_map(exp: Experiment) -> dict[str, Any]:
+def manifest_volume() -> dict[str, Any]:
+    """The pod's own MANIFEST_ANNOTATION as the file MANIFEST_FILE.
+
+    The manifest is part of the Job's pod template, not an object of its own: every host
+    of one gang reads the same manifest, and a spec edit reaches the next attempt's Job.
+    """
+    field = f"metadata.annotations['{api.MANIFEST_ANNOTATION}']"
     return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": _metadata(exp, config_map_name(exp.name)),
-        "data": {api.MANIFEST_FILE: manifest_yaml(exp)},
+        "name": "manifest",
+        "downwardAPI": {"items": [{"path": api.MANIFEST_FILE, "fieldRef": {"fieldPath": field}}]},
     }
 
 
@@ -116,14 +126,48 @@ def service(exp: Experiment, spec: ExperimentSpec) -> dict[str, Any]:
             "clusterIP": "None",
             # Hosts must find the coordinator before anything is ready.
             "publishNotReadyAddresses": True,
-            "selector": {
-                api.LABEL_EXPERIMENT: exp.name,
-                api.LABEL_MANAGED_BY: api.MANAGED_BY,
-            },
+            "selector": gang_selector(exp.name),
             "ports": [
                 {"name": "coordinator", "port": spec.coordinator_port, "protocol": "TCP"},
                 {"name": "metrics", "port": spec.metrics_port, "protocol": "TCP"},
             ],
+        },
+    }
+
+
+@dataclass(frozen=True)
+class NetworkAccess:
+    """Who may reach an experiment's pods besides its own gang (operator flags, chart values)."""
+
+    # NetworkPolicyPeers allowed on the metrics port (Prometheus); empty: nobody.
+    metrics_from: tuple[Mapping[str, Any], ...] = ()
+
+
+def network_policy(exp: Experiment, spec: ExperimentSpec, access: NetworkAccess) -> dict[str, Any]:
+    """Ingress to the gang: from its own pods, from `access.metrics_from` to metrics, nothing else.
+
+    The gang may reach each other on any port, not only the coordinator's:
+    collectives (gloo on CPU, NCCL on GPU, DCN between TPU slices) connect host
+    to host on ports they choose at run time. Egress stays open: host 0 talks to
+    the API server, checkpoints may go to gs://.
+    """
+    gang = gang_selector(exp.name)
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": {"matchLabels": gang}}]}]
+    if access.metrics_from:  # a rule without `from` would admit everyone
+        ingress.append(
+            {
+                "from": plain(access.metrics_from),
+                "ports": [{"port": spec.metrics_port, "protocol": "TCP"}],
+            }
+        )
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(exp, network_policy_name(exp.name)),
+        "spec": {
+            "podSelector": {"matchLabels": gang},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
         },
     }
 
@@ -164,15 +208,22 @@ def role_binding(exp: Experiment) -> dict[str, Any]:
     }
 
 
-def static_objects(exp: Experiment, spec: ExperimentSpec) -> list[dict[str, Any]]:
-    """Everything but the Job; all of it must exist before the Job (its pods need it)."""
-    return [
-        config_map(exp),
+def static_objects(
+    exp: Experiment, spec: ExperimentSpec, network: NetworkAccess | None = None
+) -> list[dict[str, Any]]:
+    """Everything but the Job; all of it must exist before the Job (its pods need it).
+
+    `network` None: no NetworkPolicy (the operator's --no-network-policy).
+    """
+    objects = [
         service(exp, spec),
         service_account(exp),
         role(exp),
         role_binding(exp),
     ]
+    if network is not None:
+        objects.append(network_policy(exp, spec, network))
+    return objects
 
 
 # -- accelerator specifics ------------------------------------------------------------------
@@ -206,24 +257,29 @@ def accelerator_tolerations(acc: Accelerator) -> list[dict[str, str]]:
 def security_contexts(acc: Accelerator) -> tuple[dict[str, Any], dict[str, Any]]:
     """(pod, container) security contexts.
 
-    CPU and GPU pods meet the Pod Security Standard "restricted": a fixed
-    non-root user, no privilege escalation, no capabilities, the runtime's
-    seccomp profile (NVIDIA's device plugin makes /dev/nvidia* usable by any
-    user). TPU pods keep the image's user: libtpu opens the TPU device files
-    (/dev/accel*, /dev/vfio), which GKE's device plugin leaves to root; they
-    still cannot escalate privileges.
+    Every pod: no capabilities, no privilege escalation, the runtime's seccomp
+    profile and a read-only root filesystem (the trainer writes only to the
+    scratch volume at /tmp, its HOME, and to the checkpoint volume). CPU and
+    GPU pods also run as the fixed non-root user, so they meet the Pod Security
+    Standard "restricted" (NVIDIA's device plugin makes /dev/nvidia* usable by
+    any user). TPU pods keep the image's user, root, and so meet "baseline":
+    libtpu opens the TPU device files (/dev/accel*, /dev/vfio/*), which GKE's
+    TPU device plugin leaves owned by root (docs/security.md).
     """
-    seccomp = {"seccompProfile": {"type": "RuntimeDefault"}}
-    if acc.type == "tpu":
-        return dict(seccomp), {"allowPrivilegeEscalation": False}
-    pod = {
-        "runAsNonRoot": True,
-        "runAsUser": api.TRAINER_UID,
-        "runAsGroup": api.TRAINER_UID,
-        "fsGroup": api.TRAINER_UID,
-        **seccomp,
+    pod: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    container: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
     }
-    container = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    if acc.type != "tpu":
+        pod = {
+            "runAsNonRoot": True,
+            "runAsUser": api.TRAINER_UID,
+            "runAsGroup": api.TRAINER_UID,
+            "fsGroup": api.TRAINER_UID,
+            **pod,
+        }
     return pod, container
 
 
@@ -252,6 +308,7 @@ def trainer_env(exp: Experiment, spec: ExperimentSpec, attempt: int) -> list[dic
         {"name": api.ENV_METRICS_PORT, "value": str(spec.metrics_port)},
         {"name": api.ENV_ATTEMPT, "value": str(attempt)},
         {"name": api.ENV_REPORT_STATUS, "value": "1"},
+        {"name": api.ENV_HOME, "value": api.SCRATCH_DIR},
     ]
     if acc.type == "cpu":
         env.append(
@@ -350,6 +407,7 @@ def job(
         ],
         "volumeMounts": [
             {"name": "manifest", "mountPath": api.MANIFEST_DIR, "readOnly": True},
+            {"name": "scratch", "mountPath": api.SCRATCH_DIR},
             *checkpoint_mounts,
         ],
         "securityContext": container_security,
@@ -363,18 +421,15 @@ def job(
         "subdomain": service_name(exp.name),
         "restartPolicy": "Never",
         "serviceAccountName": trainer_account_name(exp.name),
-        "automountServiceAccountToken": True,
+        # Only host 0 reports status: the chart's MutatingAdmissionPolicy mounts a token
+        # into the pod of completion index 0 alone (docs/security.md).
+        "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": pod_security,
         "containers": [container],
         "volumes": [
-            {
-                "name": "manifest",
-                "configMap": {
-                    "name": config_map_name(exp.name),
-                    "items": [{"key": api.MANIFEST_FILE, "path": api.MANIFEST_FILE}],
-                },
-            },
+            manifest_volume(),
+            {"name": "scratch", "emptyDir": {}},
             *checkpoint_volumes,
         ],
     }
@@ -389,8 +444,10 @@ def job(
     if spec.priority_class_name:
         pod_spec["priorityClassName"] = spec.priority_class_name
     template_meta: dict[str, Any] = {"labels": pod_labels(exp, spec, attempt)}
-    if spec.pod_annotations:
-        template_meta["annotations"] = dict(spec.pod_annotations)
+    template_meta["annotations"] = {
+        **spec.pod_annotations,
+        api.MANIFEST_ANNOTATION: manifest_yaml(exp),
+    }
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed",
         "completions": acc.hosts,

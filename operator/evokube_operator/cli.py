@@ -4,19 +4,33 @@
     evokube-operator --kubeconfig ~/.kube/config      # from a laptop, every namespace
     evokube-operator --kubeconfig K --namespace team-a --namespace team-b --metrics-port 9090
 
-Run exactly one replica per cluster (or per set of namespaces): Kopf has no
-leader election, and two operators would both act on the same experiments.
+Run as many replicas as you like: they elect a leader through a Lease
+(--leader-election-*), only the leader reconciles, the others watch and take
+over when it stops or dies (docs/operator.md, "Leader election").
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 
 import kopf
 
+from evokube_operator.leader import LeaderElection, own_namespace
 from evokube_operator.options import Options
+
+
+def _network_peers(text: str) -> tuple[dict, ...]:
+    """--metrics-from: a JSON list of objects (the API server checks each peer's fields)."""
+    try:
+        peers = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    if not isinstance(peers, list) or not all(isinstance(p, dict) and p for p in peers):
+        raise argparse.ArgumentTypeError("must be a JSON list of NetworkPolicyPeer objects")
+    return tuple(peers)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[Options, argparse.Namespace]:
@@ -61,6 +75,53 @@ def parse_args(argv: list[str] | None = None) -> tuple[Options, argparse.Namespa
         default=300.0,
         help="restart each watch this often (default 300)",
     )
+    parser.add_argument(
+        "--network-policy",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="give each experiment a NetworkPolicy: only its own gang and --metrics-from "
+        "may reach its pods (default: on)",
+    )
+    parser.add_argument(
+        "--metrics-from",
+        type=_network_peers,
+        default=(),
+        metavar="JSON",
+        help="a JSON list of NetworkPolicyPeers allowed to scrape the trainers' metrics port "
+        '(e.g. \'[{"namespaceSelector": {"matchLabels": '
+        '{"kubernetes.io/metadata.name": "monitoring"}}}]\'); default: none',
+    )
+    defaults = LeaderElection()
+    parser.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reconcile only while holding the Lease (default: on; off: act at once, alone)",
+    )
+    parser.add_argument(
+        "--leader-election-namespace",
+        metavar="NS",
+        help="the Lease's namespace (default: $POD_NAMESPACE, else the in-cluster account's,"
+        f" else {defaults.namespace})",
+    )
+    parser.add_argument(
+        "--leader-election-lease-name",
+        default=defaults.name,
+        metavar="NAME",
+        help=f"the Lease's name (default {defaults.name})",
+    )
+    for flag, default, meaning in (
+        ("lease-duration", defaults.lease_duration, "a silent leader is replaced after"),
+        ("renew-deadline", defaults.renew_deadline, "the leader stops if not renewed within"),
+        ("retry-period", defaults.retry_period, "renew, or look for a missing leader, every"),
+    ):
+        parser.add_argument(
+            f"--leader-election-{flag}",
+            type=float,
+            default=default,
+            metavar="S",
+            help=f"{meaning} S seconds (default {default:g})",
+        )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     parser.add_argument("--debug", action="store_true", help="log everything, Kopf's too")
     args = parser.parse_args(argv)
@@ -68,6 +129,18 @@ def parse_args(argv: list[str] | None = None) -> tuple[Options, argparse.Namespa
         parser.error("--workers must be at least 1")
     if not 0 <= args.metrics_port <= 65535:
         parser.error("--metrics-port must be between 0 and 65535")
+    election = None
+    if args.leader_elect:
+        try:
+            election = LeaderElection(
+                namespace=args.leader_election_namespace or own_namespace(),
+                name=args.leader_election_lease_name,
+                lease_duration=args.leader_election_lease_duration,
+                renew_deadline=args.leader_election_renew_deadline,
+                retry_period=args.leader_election_retry_period,
+            )
+        except ValueError as err:
+            parser.error(str(err))
     options = Options(
         kubeconfig=args.kubeconfig,
         context=args.context,
@@ -77,6 +150,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Options, argparse.Namespa
         workers=args.workers,
         resync_seconds=args.resync_seconds,
         watch_timeout_seconds=args.watch_timeout_seconds,
+        network_policy=args.network_policy,
+        metrics_from=args.metrics_from,
+        leader_election=election,
     )
     return options, args
 

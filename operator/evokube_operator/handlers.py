@@ -1,22 +1,25 @@
 """Kopf handlers: each one line of intent; the work happens in the controller.
 
-- startup / cleanup: settings, the API client, the controller and the metrics server;
+- startup / cleanup: settings, the API client, leader election, the controller
+  and the metrics server;
 - login: credentials from the same kubeconfig (or in-cluster account) as the client;
 - indices: the experiments, Jobs and pods, kept in memory for reconciles;
-- create / resume / update / delete of an experiment, and every event of its
-  Jobs and pods: ask the controller to reconcile that experiment.
+- every event of an experiment, its Jobs and its pods: ask the controller to
+  reconcile that experiment.
 
-Kopf's own bookkeeping is kept out of status (status is the operator's and
-the trainer's, see docs/architecture.md): handlers return nothing, progress
-and the last handled spec go to annotations under operator.evokube.io, and
-no handler needs a finalizer, so deleting an experiment never waits for the
-operator; owner references let the garbage collector delete what it owned.
+Only event handlers, no create/update/resume/delete ones: Kopf keeps no state
+for them, so it never writes to an experiment (no progress or last-handled
+annotations, no finalizer) and two replicas cannot fight over such writes.
+Deleting an experiment never waits for the operator; owner references let
+the garbage collector delete what it owned. Every replica watches; only the
+holder of the Lease reconciles (leader.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 import kopf
@@ -25,27 +28,24 @@ from evokube_operator import api
 from evokube_operator.builders import plain
 from evokube_operator.controller import Controller, Indices
 from evokube_operator.kube import Kube
+from evokube_operator.leader import Elector, FencedKube, new_identity
 from evokube_operator.metrics import Metrics, Server
 from evokube_operator.observe import JobView, PodView
 from evokube_operator.options import Options, client_configuration
 from evokube_operator.reconcile import Reconciler
 
-ANNOTATION_PREFIX = "operator.evokube.io"
 OWNED = {api.LABEL_EXPERIMENT: kopf.PRESENT}
+STOP_SECONDS = 10.0  # for the reconciles in flight at shutdown, before the Lease is released
+log = logging.getLogger(__name__)
 
 
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
     """Kopf passes each index (still empty here, filled in place later) by its function name."""
     options: Options = memo.options
-    settings.peering.standalone = True  # one replica, see docs/operator.md
-    settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-        prefix=ANNOTATION_PREFIX
-    )
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
-    )
+    settings.peering.standalone = True  # a Lease elects the leader, not Kopf's peering
+    # Never added; named so that Kopf never removes another operator's finalizer.
+    settings.persistence.finalizer = "operator.evokube.io/finalizer"
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = int(options.watch_timeout_seconds)
     settings.watching.client_timeout = options.watch_timeout_seconds + 10
@@ -55,21 +55,64 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
     settings.watching.label_selectors["v1", "pods"] = managed
 
     metrics = Metrics()
-    kube = Kube.from_configuration(client_configuration(options), count=metrics.api_request)
+    election, elector = options.leader_election, None
+    if election is None:
+        kube = Kube.from_configuration(client_configuration(options), count=metrics.api_request)
+    else:
+        lease_kube = Kube.from_configuration(
+            client_configuration(options),
+            count=metrics.api_request,
+            timeout=election.renew_deadline,
+        )
+        elector = Elector(lease_kube, election, new_identity())
+        kube = FencedKube.from_configuration(
+            client_configuration(options),
+            count=metrics.api_request,
+            may_write=lambda: elector.leading,
+        )
     controller = Controller(
-        Reconciler(kube),
+        Reconciler(kube, network=options.network_access),
         Indices(kwargs["experiment_index"], kwargs["job_index"], kwargs["pod_index"]),
         metrics,
         workers=options.workers,
         resync_seconds=options.resync_seconds,
     )
-    controller.start()
     memo.kube, memo.controller, memo.server = kube, controller, None
+    memo.elector, memo.campaign = elector, None
+    if elector is None:
+        controller.start()
+    else:
+        memo.campaign = asyncio.create_task(_lead(elector, controller), name="evokube-leader")
+    leading = (lambda: True) if elector is None else (lambda: elector.leading)
+    metrics.leader.set_function(lambda: float(leading()))
     if options.metrics_port:
-        server = Server(metrics, lambda: controller.alive, lambda: _api_reachable(kube))
+        server = Server(
+            metrics,
+            lambda: controller.alive,
+            lambda: _api_reachable(kube),
+            role=lambda: "leader" if leading() else "follower",
+        )
         await server.start(options.metrics_host, options.metrics_port)
         server.started = True
         memo.server = server
+
+
+async def _lead(elector: Elector, controller: Controller) -> None:
+    """Campaign, reconcile while leading, and exit once leadership is lost.
+
+    Exiting is the simplest safe step-down (controller-runtime does the same):
+    nothing of this process acts any more, and Kubernetes restarts it as a
+    follower with fresh state.
+    """
+    try:
+        await elector.run(on_leading=controller.start)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("leader election failed")
+    log.error("lost the Lease %s: exiting, to restart as a follower", elector.election.name)
+    logging.shutdown()
+    os._exit(1)
 
 
 async def _api_reachable(kube: Kube) -> bool:
@@ -83,10 +126,22 @@ async def _api_reachable(kube: Kube) -> bool:
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
+    """Stop campaigning, let the reconciles in flight end, then hand the Lease over."""
+    if getattr(memo, "campaign", None) is not None:
+        memo.campaign.cancel()
     if getattr(memo, "server", None) is not None:
         await memo.server.stop()
+    stopped = True
     if getattr(memo, "controller", None) is not None:
-        await memo.controller.stop()
+        try:
+            await asyncio.wait_for(memo.controller.stop(), STOP_SECONDS)
+        except TimeoutError:
+            stopped = False  # a write may still be on its way: let the Lease expire instead
+            log.warning(
+                "reconciles still running after %.0fs; not releasing the Lease", STOP_SECONDS
+            )
+    if stopped and getattr(memo, "elector", None) is not None:
+        await memo.elector.release()
     if getattr(memo, "kube", None) is not None:
         memo.kube.close()
 
@@ -131,43 +186,20 @@ def pod_index(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: 
     return {(namespace, labels[api.LABEL_EXPERIMENT]): PodView.from_body(body)}
 
 
-# -- the experiment's life cycle -------------------------------------------------------------
-@kopf.on.create(api.GROUP, api.VERSION, api.PLURAL)
-async def created(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-    memo.controller.request((namespace, name))
-
-
-@kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)
-async def resumed(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-    """At operator start: adopt what the experiment already has (deterministic names)."""
-    memo.controller.request((namespace, name))
-
-
-@kopf.on.update(api.GROUP, api.VERSION, api.PLURAL)
-async def updated(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-    memo.controller.request((namespace, name))
-
-
-@kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, optional=True)
-async def deleting(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-    """Seen only while something else (foreground deletion) holds the object; no finalizer
-    of ours ever does. The garbage collector deletes what it owned."""
-    memo.controller.request((namespace, name))
-
-
+# -- what to reconcile -----------------------------------------------------------------------
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
-async def gone(type: str, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-    """Once deleted, a last reconcile finds nothing and forgets the experiment."""
-    if type == "DELETED":
-        memo.controller.request((namespace, name))
+async def experiment_event(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """Any change, the first listing (adopt what exists: deterministic names) and deletion
+    (a last reconcile finds nothing and forgets the experiment)."""
+    memo.controller.changed((namespace, name))
 
 
 # -- its Jobs and pods ----------------------------------------------------------------------
 @kopf.on.event("batch", "v1", "jobs", labels=OWNED)
 async def job_event(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
-    memo.controller.request((namespace, labels[api.LABEL_EXPERIMENT]))
+    memo.controller.changed((namespace, labels[api.LABEL_EXPERIMENT]))
 
 
 @kopf.on.event("v1", "pods", labels=OWNED)
 async def pod_event(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
-    memo.controller.request((namespace, labels[api.LABEL_EXPERIMENT]))
+    memo.controller.changed((namespace, labels[api.LABEL_EXPERIMENT]))

@@ -20,15 +20,17 @@ from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 
 from evokube_operator import api
+from evokube_operator.ownership import NameConflict, is_owned_by
 
 FIELD_MANAGER = "evokube-operator"
 # kind -> (API prefix, plural) for every kind the operator touches.
 KINDS: dict[str, tuple[str, str]] = {
-    "ConfigMap": ("/api/v1", "configmaps"),
     "Service": ("/api/v1", "services"),
     "ServiceAccount": ("/api/v1", "serviceaccounts"),
     "Event": ("/api/v1", "events"),
+    "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
     "Job": ("/apis/batch/v1", "jobs"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     api.KIND: (f"/apis/{api.GROUP}/{api.VERSION}", api.PLURAL),
@@ -56,14 +58,15 @@ class ApiError(Exception):
 
 
 RequestCounter = Callable[[str, str, int], None]  # (verb, kind, status)
-PARALLEL_WRITES = 16  # the write pool's threads (apply_all)
+PARALLEL_WRITES = 16  # the write pool's threads (create_owned_all)
+NAME_RACES = 3  # create/read rounds when an object comes and goes under us
 
 
 class Kube:
     """Synchronous calls; the controller runs reconciles in worker threads.
 
-    `apply_all` sends independent writes at once from a small pool of its own, so that
-    launching an experiment costs one round trip for its five owned objects, not five.
+    `create_owned_all` sends independent writes at once from a small pool of its own, so
+    that launching an experiment costs one round trip for its owned objects, not one each.
     """
 
     def __init__(
@@ -141,7 +144,8 @@ class Kube:
         return self.request("GET", kind, self._path(kind, namespace, name))
 
     def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
-        """Server-side apply: creates or updates the fields the operator owns."""
+        """Server-side apply of the fields the operator owns (a metadata.resourceVersion in
+        `obj` makes it conditional: 409 if the object changed since)."""
         meta = obj["metadata"]
         return self.request(
             "PATCH",
@@ -152,26 +156,62 @@ class Kube:
             content_type="application/apply-patch+yaml",
         )
 
-    def apply_all(self, objs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """`apply` each object, all at once; the first error is raised once all have answered."""
-        futures = [self._pool.submit(self.apply, obj) for obj in objs]
-        return [future.result() for future in futures]
-
-    def create(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Create; None when it already exists (deterministic names: it is ours to adopt)."""
+    def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
-        try:
-            return self.request(
-                "POST",
-                obj["kind"],
-                self._path(obj["kind"], meta["namespace"]),
-                body=obj,
-                query={"fieldManager": FIELD_MANAGER},
-            )
-        except ApiError as err:
-            if err.status == 409:
-                return None
-            raise
+        return self.request(
+            "POST",
+            obj["kind"],
+            self._path(obj["kind"], meta["namespace"]),
+            body=obj,
+            query={"fieldManager": FIELD_MANAGER},
+        )
+
+    def create_owned(
+        self, obj: Mapping[str, Any], owner_uid: str, update: bool = True
+    ) -> tuple[dict[str, Any], bool]:
+        """Create `obj`, or take up the existing one only if `owner_uid` is its controller.
+
+        (object, created). An object under the name that `owner_uid` does not control
+        raises NameConflict and is left untouched. One it does control is server-side
+        applied with `update` (guarded by the resourceVersion read, so an object swapped
+        in between is not written), else returned as it is (a Job's template is immutable).
+        Any kind of KINDS; the read happens only when the name is taken.
+        """
+        kind, meta = obj["kind"], obj["metadata"]
+        for _ in range(NAME_RACES):
+            try:
+                return self.create(obj), True
+            except ApiError as err:
+                if err.status != 409:
+                    raise
+            try:
+                existing = self.get(kind, meta["namespace"], meta["name"])
+            except ApiError as err:
+                if err.status == 404:  # deleted in between: create again
+                    continue
+                raise
+            if not is_owned_by(existing, owner_uid):
+                raise NameConflict(kind, meta["name"])
+            if not update:
+                return existing, False
+            version = existing["metadata"]["resourceVersion"]
+            return self.apply({**obj, "metadata": {**meta, "resourceVersion": version}}), False
+        raise ApiError(409, f"{kind} {meta['name']} keeps appearing and vanishing", "Conflict")
+
+    def create_owned_all(
+        self, objs: Sequence[Mapping[str, Any]], owner_uid: str
+    ) -> list[NameConflict]:
+        """`create_owned` each object, all at once; the name conflicts found, if any.
+
+        Any other error is raised."""
+        futures = [self._pool.submit(self.create_owned, obj, owner_uid) for obj in objs]
+        conflicts: list[NameConflict] = []
+        for future in futures:
+            try:
+                future.result()
+            except NameConflict as conflict:
+                conflicts.append(conflict)
+        return conflicts
 
     def delete(self, kind: str, namespace: str, name: str, uid: str | None = None) -> bool:
         """Delete in the background (the garbage collector takes dependents); False if gone."""

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kubernetes import config as kube_config
 from kubernetes.client import Configuration
+
+from evokube_operator.builders import NetworkAccess
+from evokube_operator.leader import LeaderElection
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,14 @@ class Options:
     workers: int = 8
     resync_seconds: float = 300.0
     watch_timeout_seconds: float = 300.0
+    leader_election: LeaderElection | None = field(default_factory=LeaderElection)  # None: alone
+    network_policy: bool = True  # a NetworkPolicy per experiment
+    metrics_from: tuple[dict, ...] = ()  # NetworkPolicyPeers that may scrape trainer metrics
+
+    @property
+    def network_access(self) -> NetworkAccess | None:
+        """What the experiments' NetworkPolicies admit; None: no NetworkPolicy."""
+        return NetworkAccess(self.metrics_from) if self.network_policy else None
 
 
 def client_configuration(options: Options) -> Configuration:

@@ -1,6 +1,7 @@
 """One reconcile of one experiment: decide (pure), then act, in a fixed order.
 
-    observe ─► decide ─► apply the owned objects (when needed)
+    observe ─► decide ─► create the owned objects (when needed; a name conflict or a
+                         checkpoint claim not opted in: decide again, Blocked)
                      ─► write status (one merge patch, resourceVersion-guarded)
                      ─► post Events ─► delete Jobs ─► create the Job ─► (TTL) delete
 
@@ -22,9 +23,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 from evokube_operator import api, builders
+from evokube_operator import conditions as cond
 from evokube_operator.decide import Observation, Plan, Status, decide
 from evokube_operator.kube import ApiError, Kube
 from evokube_operator.observe import JobView, PodView
+from evokube_operator.ownership import (
+    Blocker,
+    NameConflict,
+    claim_blocker,
+    is_owned_by,
+    name_conflict,
+)
 from evokube_operator.spec import Experiment, ExperimentSpec
 
 log = logging.getLogger(__name__)
@@ -40,6 +49,8 @@ class _Memory:
     last_written: dict[str, Any] | None = None  # the object our last status write returned
     rejected: tuple[str, str, str] | None = None  # (uid, job name, why the API refused it)
     statics: tuple[str, int] | None = None  # (uid, generation) last applied
+    # (uid, job name, why): creating that Job found a foreign one under its name.
+    job_conflict: tuple[str, str, Blocker] | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,7 @@ def _resource_version(body: Mapping[str, Any] | None) -> int:
 class Reconciler:
     kube: Kube
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    network: builders.NetworkAccess | None = None  # None: no NetworkPolicy per experiment
     _memory: dict[Key, _Memory] = field(default_factory=dict)
 
     def forget(self, key: Key) -> None:
@@ -92,11 +104,21 @@ class Reconciler:
         memory = self._memory.setdefault(key, _Memory())
         body = self._freshest(key, body)
         fresh = False
+        job_conflict, memory.job_conflict = memory.job_conflict, None
+        blocked: Blocker | None = None
         for _ in range(MAX_CONFLICTS):
             exp = Experiment.from_body(body)
             old = Status.from_dict(exp.status)
             plan = decide(
-                Observation(exp, jobs, pods, self.clock(), self._rejection(exp, old, memory), fresh)
+                Observation(
+                    exp,
+                    jobs,
+                    pods,
+                    self.clock(),
+                    self._rejection(exp, old, memory),
+                    fresh,
+                    blocked or self._job_conflict(exp, old, job_conflict),
+                )
             )
             patch = plan.status.patch_from(old)
             if not fresh and (plan.stale or (plan.create_job is not None and not patch)):
@@ -104,8 +126,10 @@ class Reconciler:
                 if body is None:
                     return Outcome(None)
                 continue
-            if self._needs_owned_objects(exp, plan, patch, memory):
-                self._apply_owned_objects(exp, plan.spec, memory)
+            if blocked is None:
+                blocked = self._prepare(exp, plan, patch, old, memory)
+                if blocked is not None:
+                    continue  # decide again: Blocked
             if patch:
                 try:
                     body = self.kube.patch_status(
@@ -123,7 +147,7 @@ class Reconciler:
                         return Outcome(None)
                     raise
                 memory.last_written = body
-            return self._act(exp, body, plan, old, memory)
+            return self._act(exp, body, plan, old, memory, jobs)
         raise ApiError(409, f"the status of {key[0]}/{key[1]} kept changing; will retry")
 
     # -- steps -------------------------------------------------------------------------------
@@ -144,32 +168,88 @@ class Reconciler:
         return why if (uid, job) == (exp.uid, builders.job_name(exp.name, status.attempt)) else None
 
     @staticmethod
-    def _needs_owned_objects(exp: Experiment, plan: Plan, patch: dict, memory: _Memory) -> bool:
-        if plan.spec is None or plan.status.phase not in ACTIVE_PHASES:
-            return False
-        if memory.statics == (exp.uid, exp.generation):
-            return False
-        return plan.create_job is not None or "observedGeneration" in patch
+    def _job_conflict(exp: Experiment, status: Status, found) -> Blocker | None:
+        if found is None:
+            return None
+        uid, job, why = found
+        return why if (uid, job) == (exp.uid, builders.job_name(exp.name, status.attempt)) else None
 
-    def _apply_owned_objects(self, exp: Experiment, spec: ExperimentSpec | None, memory) -> None:
-        assert spec is not None
-        self.kube.apply_all(builders.static_objects(exp, spec))
-        memory.statics = (exp.uid, exp.generation)
+    def _prepare(
+        self, exp: Experiment, plan: Plan, patch: dict, old: Status, memory: _Memory
+    ) -> Blocker | None:
+        """Before the status write: what keeps the plan's Job from being created, if anything.
+
+        The checkpoint claim must be opted in; the owned objects are created (or, ours
+        already, applied) once per generation and process; while Blocked, the Job's own
+        name is looked at too. Only the first two cost calls on a plain launch.
+        """
+        spec = plan.spec
+        if spec is None or plan.status.phase not in ACTIVE_PHASES:
+            return None
+        creating = plan.create_job is not None
+        if creating and spec.checkpoint_claim:
+            blocker = claim_blocker(spec.checkpoint_claim, self._read_claim(exp, spec))
+            if blocker is not None:
+                return blocker
+        conflicts: list[NameConflict] = []
+        fresh_generation = memory.statics != (exp.uid, exp.generation)
+        if fresh_generation and (creating or "observedGeneration" in patch):
+            objects = builders.static_objects(exp, spec, self.network)
+            conflicts = self.kube.create_owned_all(objects, exp.uid)
+            if not conflicts:
+                memory.statics = (exp.uid, exp.generation)
+        if creating and cond.is_true(old.conditions, api.COND_BLOCKED):
+            conflicts += self._job_name_taken(exp, builders.job_name(exp.name, plan.create_job))
+        blocker = name_conflict(conflicts)
+        if blocker is not None:
+            log.warning("%s/%s: %s", exp.namespace, exp.name, blocker.message)
+        return blocker if creating else None  # a running gang goes on
+
+    def _read_claim(self, exp: Experiment, spec: ExperimentSpec) -> dict[str, Any] | None:
+        try:
+            return self.kube.get("PersistentVolumeClaim", exp.namespace, spec.checkpoint_claim)
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def _job_name_taken(self, exp: Experiment, name: str) -> list[NameConflict]:
+        """A Job under `name` that this experiment does not control (one we do: adopted)."""
+        try:
+            found = self.kube.get("Job", exp.namespace, name)
+        except ApiError as err:
+            if err.status == 404:
+                return []
+            raise
+        return [] if is_owned_by(found, exp.uid) else [NameConflict("Job", name)]
 
     def _act(
-        self, exp: Experiment, body: dict[str, Any], plan: Plan, old: Status, memory: _Memory
+        self,
+        exp: Experiment,
+        body: dict[str, Any],
+        plan: Plan,
+        old: Status,
+        memory: _Memory,
+        jobs: tuple[JobView, ...],
     ) -> Outcome:
         for event in plan.events:
             self._event(body, event.type, event.reason, event.message)
-        for name in plan.delete_jobs:
-            if self.kube.delete("Job", exp.namespace, name):
+        owned = {j.name: j.uid for j in jobs if j.owner_uid == exp.uid and not j.deleting}
+        for name in plan.delete_jobs:  # decide names only Jobs it saw this experiment own
+            if self.kube.delete("Job", exp.namespace, name, uid=owned[name]):
                 log.info("%s/%s: deleted Job %s", exp.namespace, exp.name, name)
         requeue = plan.requeue_after
         if plan.create_job is not None and plan.spec is not None:
             job = builders.job(exp, plan.spec, plan.create_job, plan.job_deadline)
             name = job["metadata"]["name"]
             try:
-                created = self.kube.create(job)
+                _, created = self.kube.create_owned(job, exp.uid, update=False)
+            except NameConflict as conflict:
+                blocker = name_conflict([conflict])
+                assert blocker is not None
+                log.warning("%s/%s: blocked: %s", exp.namespace, exp.name, blocker.message)
+                memory.job_conflict = (exp.uid, name, blocker)
+                requeue = 0.0
             except ApiError as err:
                 if not err.invalid:
                     raise
@@ -177,7 +257,7 @@ class Reconciler:
                 memory.rejected = (exp.uid, name, err.message or str(err))
                 requeue = 0.0
             else:
-                if created is not None:
+                if created:
                     hosts = plan.spec.accelerator.hosts
                     message = f"created Job {name}: {hosts} hosts, attempt {plan.create_job}"
                     log.info("%s/%s: %s", exp.namespace, exp.name, message)

@@ -123,7 +123,7 @@ def test_the_job_is_one_indexed_all_or_nothing_gang():
     assert pod["restartPolicy"] == "Never"  # required by a pod failure policy
     assert pod["serviceAccountName"] == "demo-trainer"
     assert pod["containers"][0]["command"] == ["evokube-train"]
-    assert {v["name"] for v in pod["volumes"]} == {"manifest", "checkpoints"}
+    assert {v["name"] for v in pod["volumes"]} == {"manifest", "scratch", "checkpoints"}
 
 
 def test_pods_get_the_jax_distributed_contract():
@@ -143,6 +143,7 @@ def test_pods_get_the_jax_distributed_contract():
         api.ENV_METRICS_PORT: "9100",
         api.ENV_ATTEMPT: "1",
         api.ENV_REPORT_STATUS: "1",
+        api.ENV_HOME: api.SCRATCH_DIR,
         api.ENV_XLA_FLAGS: "--xla_force_host_platform_device_count=4",
     }
     assert api.ENV_XLA_FLAGS not in env_of(build_job(accelerator=TPU))

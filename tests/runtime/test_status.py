@@ -1,6 +1,9 @@
 """The trainer's progress reports reach a real ERLExperiment, with least privilege."""
 
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 from kubernetes import client
@@ -144,3 +147,32 @@ def test_reports_are_rate_limited_and_failures_never_raise(
         denied.close()
     assert denied.failures >= 1 and denied.patches_sent == 0
     assert "could not report progress" in caplog.text
+
+
+def test_without_a_token_the_reporter_says_so_once_and_training_goes_on(tmp_path):
+    """Hosts 1..N-1, or host 0 where the chart's token policy is not installed: no credentials."""
+    script = (
+        "import logging, time\n"
+        "logging.basicConfig()\n"
+        "from evokube_trainer.runtime.status import StatusReporter\n"
+        "reporter = StatusReporter('mine', 'ns', min_interval_s=0.01)\n"
+        "for generation in range(1, 4):\n"
+        "    reporter.report(generation=generation)\n"
+        "    time.sleep(0.1)\n"
+        "reporter.close()\n"
+        "print(reporter.disabled, reporter.failures, reporter.patches_sent)\n"
+    )
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        # In a pod, but no token mounted at /var/run/secrets/kubernetes.io/serviceaccount.
+        "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+        "KUBERNETES_SERVICE_PORT": "443",
+        "KUBECONFIG": str(tmp_path / "absent"),
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["True", "0", "0"]
+    assert run.stderr.count("progress is not reported to ns/mine: no API credentials") == 1

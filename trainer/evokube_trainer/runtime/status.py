@@ -1,7 +1,10 @@
 """Report training progress into the ERLExperiment's `status.progress`.
 
 Only process 0 reports, and only this one field: the operator owns the rest
-of the status (docs/architecture.md). Patches are rate-limited and sent from
+of the status (docs/architecture.md), and the chart's admission policy refuses
+anything else from the trainer (docs/security.md). Only host 0's pod gets an
+API token at all; without one (the policy that mounts it is not installed)
+the reporter says so once and training goes on unreported. Patches are rate-limited and sent from
 a background thread, so a slow or unreachable API server never slows or
 stops training; the newest progress simply waits for the next try.
 """
@@ -20,6 +23,10 @@ log = logging.getLogger(__name__)
 GROUP, VERSION, PLURAL = "evokube.io", "v1alpha1", "erlexperiments"
 
 
+class NoCredentials(Exception):
+    """Neither a ServiceAccount token in the pod nor a kubeconfig: nothing to report with."""
+
+
 def default_api_client():
     """In a pod: the ServiceAccount's in-cluster config; elsewhere: $KUBECONFIG."""
     from kubernetes import client, config
@@ -27,7 +34,10 @@ def default_api_client():
     try:
         config.load_incluster_config()
     except config.ConfigException:
-        config.load_kube_config()
+        try:
+            config.load_kube_config()
+        except (config.ConfigException, OSError) as err:
+            raise NoCredentials(str(err)) from None
     return client.ApiClient()
 
 
@@ -53,6 +63,7 @@ class StatusReporter:
         self._closed = False
         self.patches_sent = 0
         self.failures = 0
+        self.disabled = False  # no credentials: reports are dropped
         self._thread = threading.Thread(target=self._run, name="status-reporter", daemon=True)
         self._thread.start()
 
@@ -89,6 +100,9 @@ class StatusReporter:
                 return
 
     def _send(self, progress: dict) -> bool:
+        """True when done with `progress`: sent, or dropped for want of credentials."""
+        if self.disabled:
+            return True
         body = {
             "status": {
                 "progress": {
@@ -112,6 +126,15 @@ class StatusReporter:
                 _request_timeout=self.timeout_s,
             )
             self.patches_sent += 1
+            return True
+        except NoCredentials as err:  # hosts 1..N-1 never get here: they do not report
+            self.disabled = True
+            log.warning(
+                "progress is not reported to %s/%s: no API credentials (%s)",
+                self.namespace,
+                self.name,
+                err,
+            )
             return True
         except Exception as err:  # training must never die of this
             self.failures += 1

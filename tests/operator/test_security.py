@@ -1,0 +1,289 @@
+"""What a trainer pod may do, and who may touch an experiment: docs/security.md's claims.
+
+The pure builders first (every accelerator's security context, the writable
+paths, the NetworkPolicy); then the real API server judges: its PodSecurity
+admission, the chart's admission policies (applied by the `operator`
+fixture as `helm template` renders them) and RBAC.
+"""
+
+import json
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from evokube_operator import api, builders
+from evokube_operator.cli import parse_args
+from evokube_operator.spec import parse_spec
+from tests.operator.conftest import GROUP, PLURAL, VERSION, experiment_manifest
+from tests.operator.factories import GPU, TPU, experiment
+
+TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+MONITORING = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+CPU = {"type": "cpu"}
+
+
+def pod_spec(accelerator, **spec):
+    exp = experiment(accelerator=accelerator, **spec)
+    return builders.job(exp, parse_spec(exp.spec), 0)["spec"]["template"]["spec"]
+
+
+# -- pure ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("accelerator", [CPU, GPU, TPU])
+def test_every_pod_drops_all_capabilities_and_has_a_read_only_root(accelerator):
+    pod = pod_spec(accelerator)
+    assert pod["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+    }
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "hostNetwork" not in pod and "hostPID" not in pod and "hostIPC" not in pod
+
+
+@pytest.mark.parametrize(("accelerator", "user"), [(CPU, 1000), (GPU, 1000), (TPU, None)])
+def test_cpu_and_gpu_pods_run_as_the_trainer_user_tpu_pods_as_the_images(accelerator, user):
+    security = pod_spec(accelerator)["securityContext"]
+    assert security.get("runAsUser") == user
+    assert security.get("runAsNonRoot", False) is (user is not None)
+
+
+def test_the_trainer_writes_only_to_its_scratch_volume_and_checkpoints():
+    pod = pod_spec(CPU)
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    # HOME (caches of JAX, XLA, CUDA, Triton, matplotlib) and tempfiles land on an emptyDir.
+    assert env["HOME"] == api.SCRATCH_DIR == "/tmp"
+    assert volumes[mounts["/tmp"]] == {"name": "scratch", "emptyDir": {}}
+    # The XLA compilation cache goes under the checkpoint location (trainer.train).
+    assert volumes[mounts["/checkpoints"]]["emptyDir"] == {}
+    read_only = {m["mountPath"] for m in container["volumeMounts"] if m.get("readOnly")}
+    assert set(mounts) - read_only == {"/tmp", "/checkpoints"}
+
+
+def test_no_pod_gets_a_token_from_the_builder():
+    assert pod_spec(CPU)["automountServiceAccountToken"] is False
+    assert not any(
+        TOKEN_DIR in m["mountPath"] for m in pod_spec(CPU)["containers"][0]["volumeMounts"]
+    )
+
+
+def test_the_network_policy_admits_the_gang_and_the_metrics_peers_only():
+    exp = experiment(metricsPort=9200)
+    policy = builders.network_policy(
+        exp, parse_spec(exp.spec), builders.NetworkAccess(metrics_from=(MONITORING,))
+    )
+    gang = {"evokube.io/experiment": "demo", "app.kubernetes.io/managed-by": "evokube-operator"}
+    assert policy["metadata"]["name"] == "demo"
+    assert policy["metadata"]["ownerReferences"] == [builders.owner_reference(exp)]
+    assert policy["spec"] == {
+        "podSelector": {"matchLabels": gang},
+        "policyTypes": ["Ingress"],
+        "ingress": [
+            {"from": [{"podSelector": {"matchLabels": gang}}]},
+            {"from": [MONITORING], "ports": [{"port": 9200, "protocol": "TCP"}]},
+        ],
+    }
+    # The Service selects exactly the pods the policy protects.
+    assert builders.service(exp, parse_spec(exp.spec))["spec"]["selector"] == gang
+
+
+def test_without_metrics_peers_no_rule_admits_everyone():
+    exp = experiment()
+    policy = builders.network_policy(exp, parse_spec(exp.spec), builders.NetworkAccess())
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": {
+        "evokube.io/experiment": "demo", "app.kubernetes.io/managed-by": "evokube-operator",
+    }}}]}]  # fmt: skip
+    assert all(rule.get("from") for rule in policy["spec"]["ingress"])
+
+
+def test_the_network_policy_is_one_of_the_static_objects_unless_turned_off():
+    exp = experiment()
+    spec = parse_spec(exp.spec)
+    kinds = [o["kind"] for o in builders.static_objects(exp, spec, builders.NetworkAccess())]
+    assert kinds[-1] == "NetworkPolicy"
+    assert "NetworkPolicy" not in [o["kind"] for o in builders.static_objects(exp, spec, None)]
+
+
+def test_the_command_line_sets_the_network_access():
+    options, _ = parse_args([])
+    assert options.network_access == builders.NetworkAccess(metrics_from=())
+    options, _ = parse_args(["--metrics-from", json.dumps([MONITORING])])
+    assert options.network_access == builders.NetworkAccess(metrics_from=(MONITORING,))
+    options, _ = parse_args(["--no-network-policy"])
+    assert options.network_access is None
+    for bad in ("{", "{}", "[1]", "[{}]"):
+        with pytest.raises(SystemExit):
+            parse_args(["--metrics-from", bad])
+
+
+# -- on the real API server ---------------------------------------------------------------------
+def enforce(k8s, namespace, level):
+    k8s.core.patch_namespace(
+        namespace, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": level}}}
+    )
+
+
+def pods_by_index(k8s, namespace, name, job):
+    pods = k8s.running_pods(namespace, name, job)
+    return {int(p.metadata.labels["batch.kubernetes.io/job-completion-index"]): p for p in pods}
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    ("accelerator", "hosts", "level"),
+    [
+        ({"type": "cpu", "hosts": 2}, 2, "restricted"),
+        ({**GPU, "hosts": 2}, 2, "restricted"),
+        (
+            {"type": "tpu", "tpu": {"type": "tpu-v5-lite-podslice", "topology": "4x4"}},
+            4,
+            "baseline",
+        ),
+    ],
+    ids=["cpu", "gpu", "tpu"],
+)
+def test_pod_security_admits_the_gang_and_only_host_0_gets_a_token(
+    k8s, namespace, accelerator, hosts, level
+):
+    enforce(k8s, namespace, level)
+    k8s.apply(experiment_manifest("guarded", namespace, accelerator=accelerator))
+    status = k8s.wait_running_gang(namespace, "guarded", hosts)
+    pods = pods_by_index(k8s, namespace, "guarded", status["jobName"])
+    assert sorted(pods) == list(range(hosts))
+    for index, pod in pods.items():
+        (container,) = pod.spec.containers
+        assert container.security_context.read_only_root_filesystem is True
+        assert container.security_context.capabilities.drop == ["ALL"]
+        assert pod.spec.automount_service_account_token is False
+        mounts = {m.mount_path: m for m in container.volume_mounts}
+        token_volumes = [v for v in pod.spec.volumes if v.projected is not None]
+        if index == 0:  # the chart's MutatingAdmissionPolicy
+            assert mounts[TOKEN_DIR].read_only is True
+            (volume,) = token_volumes
+            assert mounts[TOKEN_DIR].name == volume.name == "evokube-api-access"
+            token, ca, namespace_file = volume.projected.sources
+            assert (
+                token.service_account_token.path,
+                token.service_account_token.expiration_seconds,
+            ) == ("token", 3600)
+            assert ca.config_map.name == "kube-root-ca.crt"
+            assert namespace_file.downward_api.items[0].field_ref.field_path == "metadata.namespace"
+        else:
+            assert TOKEN_DIR not in mounts and not token_volumes
+
+
+@pytest.mark.cluster
+def test_a_tpu_gang_is_refused_where_restricted_is_enforced(k8s, namespace):
+    """TPU pods run as root (libtpu), so "baseline" is the most they meet."""
+    enforce(k8s, namespace, "restricted")
+    tpu = {"type": "tpu", "tpu": {"type": "tpu-v5-lite-podslice", "topology": "4x4"}}
+    k8s.apply(experiment_manifest("rooted", namespace, accelerator=tpu))
+    job = k8s.wait(lambda: next(iter(k8s.jobs(namespace, "rooted")), None), "the Job")
+    pods_refused = k8s.wait(
+        lambda: [
+            e
+            for e in k8s.core.list_namespaced_event(
+                namespace, field_selector=f"involvedObject.name={job.metadata.name}"
+            ).items
+            if e.reason == "FailedCreate" and "restricted" in e.message
+        ],
+        "the Job controller's FailedCreate event naming PodSecurity restricted",
+    )
+    assert "runAsNonRoot" in pods_refused[0].message
+    assert not k8s.pods(namespace, "rooted")
+
+
+def trainer_client(k8s, cluster, namespace, name, pod):
+    """The token host 0 gets: the experiment's trainer account, bound to host 0's pod."""
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(
+            audiences=[],
+            bound_object_ref=client.V1BoundObjectReference(
+                api_version="v1", kind="Pod", name=pod.metadata.name, uid=pod.metadata.uid
+            ),
+        )
+    )
+    token = k8s.core.create_namespaced_service_account_token(
+        builders.trainer_account_name(name), namespace, request
+    ).status.token
+    return cluster.api_client(token)
+
+
+@pytest.mark.cluster
+def test_the_trainer_may_write_progress_but_cannot_forge_the_rest_of_status(
+    k8s, cluster, namespace
+):
+    k8s.apply(experiment_manifest("honest", namespace, accelerator={"type": "cpu"}))
+    status = k8s.wait_running_gang(namespace, "honest", 1)
+    host0 = pods_by_index(k8s, namespace, "honest", status["jobName"])[0]
+    trainer = trainer_client(k8s, cluster, namespace, "honest", host0)
+    try:
+        custom = client.CustomObjectsApi(trainer)
+
+        def patch(body):
+            return custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, "honest", {"status": body}
+            )
+
+        for forged, fields in [
+            ({"phase": "Succeeded", "restarts": -7}, "status.phase, status.restarts"),
+            ({"jobName": "honest-9"}, "status.jobName"),
+            ({"conditions": [], "progress": {"generation": 1}}, "status.conditions"),
+        ]:
+            with pytest.raises(ApiException) as refused:
+                patch(forged)
+            assert refused.value.status in (403, 422), refused.value.body
+            message = json.loads(refused.value.body)["message"]
+            assert f"only the evokube operator may change {fields}" in message, message
+        patch({"progress": {"generation": 7, "bestFitness": 2.5}})
+    finally:
+        trainer.close()
+    after = k8s.status(namespace, "honest")
+    assert after["phase"] == "Running" and after["restarts"] == 0
+    assert after["progress"] == {"generation": 7, "bestFitness": 2.5}
+    # The operator's own status writes still go through: a retriable exit, a gang restart.
+    k8s.exit_pod(namespace, host0.metadata.name, 75)
+    k8s.wait(lambda: k8s.status(namespace, "honest").get("restarts") == 1, "the restart")
+
+
+@pytest.mark.cluster
+def test_the_trainer_role_is_get_and_patch_of_its_own_status(k8s, namespace):
+    k8s.apply(experiment_manifest("small", namespace))
+    k8s.wait_phase(namespace, "small", "Running")
+    role = k8s.rbac.read_namespaced_role("small-trainer", namespace)
+    assert [(r.api_groups, r.resources, r.resource_names, r.verbs) for r in role.rules] == [
+        ([api.GROUP], ["erlexperiments/status"], ["small"], ["get", "patch"])
+    ]
+
+
+@pytest.mark.cluster
+def test_the_experiments_network_policy_selects_its_gang(k8s, namespace):
+    k8s.apply(experiment_manifest("fenced", namespace, accelerator={"type": "cpu", "hosts": 2}))
+    status = k8s.wait_running_gang(namespace, "fenced", 2)
+    networking = client.NetworkingV1Api(k8s.api_client)
+    policy = networking.read_namespaced_network_policy("fenced", namespace)
+    (owner,) = policy.metadata.owner_references
+    assert (owner.kind, owner.name, owner.controller) == ("ERLExperiment", "fenced", True)
+    selector = ",".join(f"{k}={v}" for k, v in policy.spec.pod_selector.match_labels.items())
+    selected = k8s.core.list_namespaced_pod(namespace, label_selector=selector).items
+    gang = k8s.running_pods(namespace, "fenced", status["jobName"])
+    assert {p.metadata.name for p in selected} == {p.metadata.name for p in gang}
+    assert policy.spec.policy_types == ["Ingress"]
+    # The session's operator runs without --metrics-from: the gang's own rule only.
+    (rule,) = policy.spec.ingress
+    (peer,) = rule._from
+    assert peer.pod_selector.match_labels == policy.spec.pod_selector.match_labels
+    assert peer.namespace_selector is None and rule.ports is None
+
+
+@pytest.mark.cluster
+def test_system_priority_classes_are_refused_by_default(k8s, operator, namespace):
+    run = k8s.apply(
+        experiment_manifest("vip", namespace, priorityClassName="system-node-critical"),
+        check=False,
+    )
+    assert run.returncode != 0
+    assert "spec.priorityClassName: system-node-critical is not allowed" in run.stderr
