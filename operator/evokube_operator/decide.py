@@ -25,6 +25,7 @@ from typing import Any, cast
 from evokube_operator import api, builders
 from evokube_operator import conditions as cond
 from evokube_operator.observe import JobView, PodView, gang_pods
+from evokube_operator.ownership import Blocker
 from evokube_operator.policies import deadline, failure, success, ttl
 from evokube_operator.spec import (
     Experiment,
@@ -44,6 +45,9 @@ STUCK_POD_MARGIN = timedelta(seconds=60)
 # While the next gang waits for earlier pods, decide again this often even without a pod
 # event (pod events wake the reconcile when they stop; this is a safety net).
 WAIT_FOR_PODS_REQUEUE_SECONDS = 15.0
+# While Blocked (a name conflict, a claim not opted in), look again this often: the fix is a
+# person's edit to an object the operator does not watch.
+BLOCKED_REQUEUE_SECONDS = 15.0
 
 # status field name in the API -> attribute of Status
 _FIELDS = {
@@ -55,6 +59,7 @@ _FIELDS = {
     "startTime": "start_time",
     "completionTime": "completion_time",
     "jobName": "job_name",
+    "jobUID": "job_uid",
     "coordinatorAddress": "coordinator_address",
     "checkpointLocation": "checkpoint_location",
     "conditions": "conditions",
@@ -73,6 +78,9 @@ class Status:
     start_time: str | None = None
     completion_time: str | None = None
     job_name: str | None = None
+    # The uid of Job job_name once the operator has seen it: set, and that Job gone,
+    # means someone else deleted it (unset: not created yet).
+    job_uid: str | None = None
     coordinator_address: str | None = None
     checkpoint_location: str | None = None
     conditions: cond.Conditions = ()
@@ -119,6 +127,8 @@ class Observation:
     rejected: str | None = None
     # The experiment was just read from the API server, not from the watch cache.
     fresh: bool = False
+    # What keeps the current attempt's Job from being created (the reconciler checked).
+    blocked: Blocker | None = None
 
 
 @dataclass(frozen=True)
@@ -206,7 +216,11 @@ def decide(obs: Observation) -> Plan:
     name = builders.job_name(exp.name, status.attempt)
     job = next((j for j in obs.jobs if j.name == name and not j.deleting), None)
     if job is None:
+        if status.job_uid is not None and status.job_name == name:
+            return _job_deleted(step, status, spec, name, events)
         return _start(step, status, spec, events)
+    if status.job_uid != job.uid:
+        status = replace(status, job_uid=job.uid)
     pods = gang_pods(job, obs.pods)
     failed = failure.classify(job, pods)
     if failed is not None and failed.kind == failure.DEADLINE and (left is None or left > 5):
@@ -230,7 +244,10 @@ def _start(step: _Step, status: Status, spec: ExperimentSpec, events=()) -> Plan
 
     Not while pods of an earlier gang still run (they may be writing a checkpoint): the
     status is written and the other Jobs deleted, but the Job waits for a later reconcile.
+    Not while Blocked (the reconciler found a name conflict or a claim not opted in).
     """
+    if step.obs.blocked is not None:
+        return _blocked(step, status, spec, step.obs.blocked, events)
     exp, attempt, hosts = step.exp, status.attempt, spec.accelerator.hosts
     name = builders.job_name(exp.name, attempt)
     start = status.start_time or step.now
@@ -241,6 +258,7 @@ def _start(step: _Step, status: Status, spec: ExperimentSpec, events=()) -> Plan
         observed_generation=exp.generation,
         hosts=hosts,
         job_name=name,
+        job_uid=None,
         coordinator_address=builders.coordinator_address(exp.name, attempt, spec.coordinator_port),
         checkpoint_location=spec.checkpoint_location,
         start_time=start,
@@ -257,7 +275,12 @@ def _start(step: _Step, status: Status, spec: ExperimentSpec, events=()) -> Plan
             f"waiting for the {hosts} hosts of Job {name} to run",
         )
     running = cond.Condition(api.COND_RUNNING, False, reason, message)
-    status = replace(status, conditions=step.conditions(status, running))
+    conditions = step.conditions(status, running)
+    if not waiting and cond.is_true(conditions, api.COND_BLOCKED):
+        unblocked = f"nothing keeps Job {name} from being created any more"
+        conditions = step.clear(conditions, api.COND_BLOCKED, api.REASON_UNBLOCKED, unblocked)
+        events = (*events, Event("Normal", api.REASON_UNBLOCKED, unblocked))
+    status = replace(status, conditions=conditions)
     start_at, now = parse_time(start), step.obs.now
     requeue = deadline.remaining(start_at, spec.active_deadline_seconds, now)
     job_deadline = deadline.job_deadline(start_at, spec.active_deadline_seconds, now)
@@ -273,6 +296,46 @@ def _start(step: _Step, status: Status, spec: ExperimentSpec, events=()) -> Plan
         requeue_after=requeue,
         spec=spec,
     )
+
+
+def _blocked(
+    step: _Step, status: Status, spec: ExperimentSpec, blocker: Blocker, events=()
+) -> Plan:
+    """No Job until a person acts: Blocked says why (a Warning Event the first time), and
+    the reconciler looks again every BLOCKED_REQUEUE_SECONDS. The status names no Job."""
+    condition = cond.Condition(api.COND_BLOCKED, True, blocker.reason, blocker.message)
+    conditions = step.conditions(status, condition)
+    if conditions != status.conditions:
+        events = (*events, Event("Warning", blocker.reason, blocker.message))
+    status = replace(
+        status,
+        phase=api.RESTARTING if status.phase == api.RESTARTING else api.PENDING,
+        observed_generation=step.exp.generation,
+        hosts=spec.accelerator.hosts,
+        job_name=None,
+        job_uid=None,
+        coordinator_address=None,
+        checkpoint_location=spec.checkpoint_location,
+        conditions=conditions,
+    )
+    left = deadline.remaining(
+        parse_time(status.start_time), spec.active_deadline_seconds, step.obs.now
+    )
+    requeue = BLOCKED_REQUEUE_SECONDS if left is None else min(BLOCKED_REQUEUE_SECONDS, left)
+    return Plan(
+        status,
+        events=tuple(events),
+        delete_jobs=step.live_jobs(),
+        requeue_after=requeue,
+        spec=spec,
+    )
+
+
+def _job_deleted(step: _Step, status: Status, spec: ExperimentSpec, name: str, events=()):
+    """Someone else deleted the current Job: the next attempt, under a new name, uncounted."""
+    message = f"Job {name} was deleted, not by the operator"
+    verdict = failure.Verdict(True, False, api.REASON_JOB_DELETED, message)
+    return _restart(step, status, spec, verdict, events)
 
 
 def _restart(
@@ -363,6 +426,7 @@ def _suspend(step: _Step, status: Status, spec: ExperimentSpec) -> Plan:
             phase=api.SUSPENDED,
             preemptions=status.preemptions + (1 if started else 0),
             job_name=None,
+            job_uid=None,
             coordinator_address=None,
         )
         message = "spec.suspend is true: the trainer Job is removed, checkpoints are kept"

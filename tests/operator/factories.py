@@ -133,6 +133,7 @@ def running_status(attempt: int = 0, restarts: int = 0, preemptions: int | None 
         "preemptions": preemptions,
         "startTime": "2026-01-02T03:00:00Z",
         "jobName": f"demo-{attempt}",
+        "jobUID": f"job-uid-{attempt}",
         "coordinatorAddress": f"demo-{attempt}-0.demo:8476",
         "checkpointLocation": "/checkpoints",
         "conditions": [

@@ -32,7 +32,6 @@ def test_names_are_deterministic_and_short_enough():
     # Indexed Job pods are named <job>-<index>: a DNS label of at most 63 characters.
     assert len(f"{builders.job_name(name, 99999)}-4095") <= 63
     assert builders.service_name("demo") == "demo"
-    assert builders.config_map_name("demo") == "demo-manifest"
     assert builders.trainer_account_name("demo") == "demo-trainer"
 
 
@@ -227,7 +226,8 @@ def test_passthrough_fields_reach_the_pods_and_ours_win_conflicts():
     assert labels[api.LABEL_EXPERIMENT] == "demo"  # the Service selects pods by it
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "tpu-queue"
     assert "team" not in job["metadata"]["labels"]
-    assert job["spec"]["template"]["metadata"]["annotations"] == {"note": "hi"}
+    annotations = job["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["note"] == "hi"
     container = pod["containers"][0]
     assert container["imagePullPolicy"] == "Always"
     assert container["resources"] == {
@@ -246,7 +246,6 @@ def test_everything_is_owned_by_the_experiment_and_labelled():
     spec = parse_spec(exp.spec)
     objects = [*builders.static_objects(exp, spec), builders.job(exp, spec, 0)]
     assert [o["kind"] for o in objects] == [
-        "ConfigMap",
         "Service",
         "ServiceAccount",
         "Role",
@@ -304,16 +303,38 @@ def test_headless_service_publishes_hosts_before_they_are_ready():
     }
 
 
-def test_the_config_map_carries_the_manifest_the_trainer_reads():
-    exp = experiment(podLabels={"a": "b"})
-    data = builders.config_map(exp)["data"]
-    document = yaml.safe_load(data["experiment.yaml"])
+def test_the_pod_template_carries_the_manifest_the_trainer_reads_from_its_file():
+    # Also the annotation a user would like to set: ours wins.
+    exp = experiment(podLabels={"a": "b"}, podAnnotations={api.MANIFEST_ANNOTATION: "mine"})
+    template = builders.job(exp, parse_spec(exp.spec), 0)["spec"]["template"]
+    document = yaml.safe_load(template["metadata"]["annotations"][api.MANIFEST_ANNOTATION])
     assert document == {
         "apiVersion": "evokube.io/v1alpha1",
         "kind": "ERLExperiment",
         "metadata": {"name": "demo", "namespace": "ns"},
         "spec": dict(exp.spec),
     }
+    volume = next(v for v in template["spec"]["volumes"] if v["name"] == "manifest")
+    assert volume["downwardAPI"]["items"] == [
+        {
+            "path": api.MANIFEST_FILE,
+            "fieldRef": {"fieldPath": f"metadata.annotations['{api.MANIFEST_ANNOTATION}']"},
+        }
+    ]
+    (container,) = template["spec"]["containers"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "manifest")
+    assert mount["mountPath"] == api.MANIFEST_DIR
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env[api.ENV_MANIFEST] == f"{api.MANIFEST_DIR}/{api.MANIFEST_FILE}"
+
+
+def test_an_edited_spec_reaches_the_next_attempts_job_only():
+    exp = experiment()
+    edited = experiment(resources={"requests": {"memory": "8Gi"}})
+    first = builders.job(exp, parse_spec(exp.spec), 0)["spec"]["template"]["metadata"]
+    second = builders.job(edited, parse_spec(edited.spec), 1)["spec"]["template"]["metadata"]
+    assert "8Gi" not in first["annotations"][api.MANIFEST_ANNOTATION]
+    assert "8Gi" in second["annotations"][api.MANIFEST_ANNOTATION]
 
 
 def test_builders_are_pure_and_idempotent():

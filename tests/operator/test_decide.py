@@ -8,6 +8,7 @@ import pytest
 from evokube_operator import api
 from evokube_operator.conditions import find
 from evokube_operator.decide import (
+    BLOCKED_REQUEUE_SECONDS,
     STUCK_POD_MARGIN,
     WAIT_FOR_PODS_REQUEUE_SECONDS,
     Observation,
@@ -15,6 +16,7 @@ from evokube_operator.decide import (
     decide,
 )
 from evokube_operator.observe import PodView
+from evokube_operator.ownership import Blocker
 from evokube_operator.spec import Experiment, format_time
 from tests.operator.factories import NOW, TPU, body, gang, job, pod, running_status
 
@@ -26,7 +28,8 @@ def observe(status=None, jobs=(), pods=(), now=NOW, rejected=None, fresh=False, 
 
 def settle(obs, plan):
     """The world after a plan ran: its status written, its Job created, old Jobs gone."""
-    status = {**obs.experiment.status, **plan.status.patch_from(Status.from_dict({}))}
+    written = plan.status.patch_from(Status.from_dict(obs.experiment.status))  # a merge patch
+    status = {**obs.experiment.status, **written}
     status = {k: v for k, v in status.items() if v is not None}
     jobs = [j for j in obs.jobs if j.name not in plan.delete_jobs]
     if plan.create_job is not None:
@@ -232,7 +235,15 @@ def test_a_carried_out_plan_needs_no_second_write(status, jobs, pods, spec):
     plan = decide(obs)
     after = settle(obs, plan)
     again = decide(after)
-    assert again.status.patch_from(Status.from_dict(after.experiment.status)) == {}
+    patch = again.status.patch_from(Status.from_dict(after.experiment.status))
+    if plan.create_job is not None:  # the one write a new Job costs: its uid, once seen
+        assert patch == {"jobUID": job(plan.create_job).uid}
+        after = replace(
+            after, experiment=replace(after.experiment, status=after.experiment.status | patch)
+        )
+        again = decide(after)
+        patch = again.status.patch_from(Status.from_dict(after.experiment.status))
+    assert patch == {}
     assert again.create_job is None
     assert again.events == ()
 
@@ -464,3 +475,83 @@ def test_a_pods_deletion_timestamp_is_read_from_its_metadata():
     assert view.deleting and view.deletion_timestamp == NOW
     view = PodView.from_body({"metadata": {"name": "demo-0-0-x"}})
     assert not view.deleting and view.deletion_timestamp is None
+
+
+NAME_CONFLICT = Blocker(api.REASON_NAME_CONFLICT, "ServiceAccount/demo-trainer already exists")
+CLAIM_NOT_ALLOWED = Blocker(api.REASON_CLAIM_NOT_ALLOWED, "PersistentVolumeClaim ckpt lacks")
+
+
+@pytest.mark.parametrize(
+    ("case", "status", "jobs", "pods", "blocker", "phase"),
+    [
+        ("a new experiment", None, [], [], NAME_CONFLICT, api.PENDING),
+        ("a new experiment", None, [], [], CLAIM_NOT_ALLOWED, api.PENDING),
+        (
+            "a restart",
+            running_status(),
+            [job(0)],
+            [pod(0, "Failed", exit_code=75, job_uid="job-uid-0")],
+            NAME_CONFLICT,
+            api.RESTARTING,
+        ),
+    ],
+)
+def test_a_blocked_start_creates_no_job_names_none_and_looks_again(
+    case, status, jobs, pods, blocker, phase
+):
+    plan = decide(replace(observe(status, jobs, pods), blocked=blocker))
+    assert plan.create_job is None
+    assert plan.status.phase == phase
+    assert (plan.status.job_name, plan.status.job_uid, plan.status.coordinator_address) == (
+        None,
+        None,
+        None,
+    )
+    blocked = find(plan.status.conditions, api.COND_BLOCKED)
+    assert (blocked["status"], blocked["reason"], blocked["message"]) == (
+        "True",
+        blocker.reason,
+        blocker.message,
+    )
+    assert ("Warning", blocker.reason) in [(e.type, e.reason) for e in plan.events]
+    assert plan.requeue_after == BLOCKED_REQUEUE_SECONDS
+    # Still blocked on the next look: nothing to write, nobody told twice.
+    again = decide(replace(settle(observe(status, jobs, pods), plan), blocked=blocker))
+    assert again.status.patch_from(plan.status) == {}
+    assert again.events == ()
+    # Unblocked: the Job is created and Blocked turns False.
+    free = decide(replace(settle(observe(status, jobs, pods), plan), blocked=None))
+    assert free.create_job == plan.status.attempt
+    unblocked = find(free.status.conditions, api.COND_BLOCKED)
+    assert (unblocked["status"], unblocked["reason"]) == ("False", api.REASON_UNBLOCKED)
+    assert api.REASON_UNBLOCKED in reasons(free)
+
+
+def test_the_operator_records_the_uid_of_the_job_it_sees():
+    status = running_status(phase=api.PENDING)
+    del status["jobUID"]
+    plan = decide(observe(status, [job(0)], [pod(0, "Pending")]))
+    assert plan.status.patch_from(Status.from_dict(status))["jobUID"] == "job-uid-0"
+
+
+@pytest.mark.parametrize(
+    ("jobs", "expected"),
+    [
+        ([], "gone"),  # the watch no longer shows it
+        ([replace(job(0), deleting=True)], "being deleted"),
+    ],
+)
+def test_a_job_deleted_by_someone_else_is_a_preemption_under_a_new_name(jobs, expected):
+    plan = decide(observe(running_status(restarts=0), jobs))
+    assert (plan.status.restarts, plan.status.preemptions) == (0, 1)
+    assert plan.status.job_name == "demo-1" and plan.status.job_uid is None
+    restarting = find(plan.status.conditions, api.COND_RESTARTING)
+    assert (restarting["status"], restarting["reason"]) == ("True", api.REASON_JOB_DELETED)
+    assert "Job demo-0" in restarting["message"]
+    assert api.REASON_JOB_DELETED in reasons(plan)
+    assert plan.create_job == 1
+
+
+def test_a_suspension_forgets_the_jobs_uid():
+    plan = decide(observe(running_status(), [job(0)], gang(1), suspend=True))
+    assert plan.status.job_uid is None

@@ -5,7 +5,10 @@ import copy
 import pytest
 
 from evokube_operator import api
+from evokube_operator.conditions import find
+from evokube_operator.decide import BLOCKED_REQUEUE_SECONDS
 from evokube_operator.kube import ApiError
+from evokube_operator.ownership import NameConflict, is_owned_by
 from evokube_operator.reconcile import Reconciler
 from tests.operator.factories import NOW, body, gang, job, pod, running_status
 
@@ -13,13 +16,18 @@ KEY = ("ns", "demo")
 
 
 class FakeKube:
-    """Just enough of the API server: one experiment, objects by (kind, name), a call log."""
+    """Just enough of the API server: one experiment, objects by (kind, name), a call log.
+
+    create_owned follows kube.Kube's contract (tested on the real API server in
+    test_ownership.py): create; a taken name is ours to update only if we control it.
+    """
 
     def __init__(self, experiment: dict):
         self.experiment = copy.deepcopy(experiment)
         self.objects: dict[tuple[str, str], dict] = {}
         self.calls: list[tuple[str, str]] = []
         self.refuse_jobs: str | None = None
+        self.deleted: list[tuple[str, str | None]] = []  # (name, uid precondition)
 
     def _bump(self):
         meta = self.experiment["metadata"]
@@ -32,28 +40,40 @@ class FakeKube:
 
     def get(self, kind, namespace, name):
         self.calls.append(("get", kind))
-        return copy.deepcopy(self.experiment)
+        if kind == api.KIND:
+            return copy.deepcopy(self.experiment)
+        if (kind, name) not in self.objects:
+            raise ApiError(404, f"{kind} {name} not found", "NotFound")
+        return copy.deepcopy(self.objects[kind, name])
 
-    def apply(self, obj):
-        self.calls.append(("apply", obj["kind"]))
-        self.objects[obj["kind"], obj["metadata"]["name"]] = obj
-        return obj
-
-    def apply_all(self, objs):
-        return [self.apply(obj) for obj in objs]
-
-    def create(self, obj):
-        self.calls.append(("create", obj["kind"]))
-        if self.refuse_jobs:
+    def create_owned(self, obj, owner_uid, update=True):
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        self.calls.append(("create", kind))
+        if self.refuse_jobs and kind == "Job":
             raise ApiError(422, self.refuse_jobs, "Invalid")
-        key = (obj["kind"], obj["metadata"]["name"])
-        if key in self.objects:
-            return None
-        self.objects[key] = obj
-        return obj
+        existing = self.objects.get((kind, name))
+        if existing is None:
+            self.objects[kind, name] = obj
+            return obj, True
+        if not is_owned_by(existing, owner_uid):
+            raise NameConflict(kind, name)
+        if update:
+            self.calls.append(("apply", kind))
+            self.objects[kind, name] = obj
+        return existing, False
+
+    def create_owned_all(self, objs, owner_uid):
+        conflicts = []
+        for obj in objs:
+            try:
+                self.create_owned(obj, owner_uid)
+            except NameConflict as conflict:
+                conflicts.append(conflict)
+        return conflicts
 
     def delete(self, kind, namespace, name, uid=None):
         self.calls.append(("delete", kind))
+        self.deleted.append((name, uid))
         return self.objects.pop((kind, name), None) is not None
 
     def patch_status(self, namespace, name, status, resource_version):
@@ -80,11 +100,10 @@ def test_a_new_experiment_gets_its_objects_then_status_then_its_job():
     kube = FakeKube(body())
     outcome = reconciler(kube).reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
     assert kube.calls == [
-        ("apply", "ConfigMap"),
-        ("apply", "Service"),
-        ("apply", "ServiceAccount"),
-        ("apply", "Role"),
-        ("apply", "RoleBinding"),
+        ("create", "Service"),
+        ("create", "ServiceAccount"),
+        ("create", "Role"),
+        ("create", "RoleBinding"),
         ("patch_status", api.KIND),
         ("create", "Job"),
         ("event", api.REASON_JOB_CREATED),
@@ -106,15 +125,17 @@ def test_a_restart_writes_status_before_the_new_job_and_reuses_the_owned_objects
     rec = reconciler(kube)
     failed = (pod(0, "Failed", exit_code=75, job_uid="job-uid-0"),)
     outcome = rec.reconcile(KEY, copy.deepcopy(kube.experiment), (job(0),), failed)
-    verbs = kube.verbs()
-    assert verbs.index("patch_status") < verbs.index("delete") < verbs.index("create")
+    calls = kube.calls
+    assert calls.index(("patch_status", api.KIND)) < calls.index(("delete", "Job"))
+    assert calls.index(("delete", "Job")) < calls.index(("create", "Job"))
     assert outcome.restarts == 1
     assert kube.experiment["status"]["restarts"] == 1
-    # A second restart in the same process does not apply the owned objects again.
+    assert kube.deleted == [("demo-0", "job-uid-0")]  # only the very Job it saw it owns
+    # A second restart in the same process does not touch the owned objects again.
     kube.calls.clear()
     failed = (pod(0, "Failed", exit_code=75, attempt=1, job_uid="job-uid-1"),)
     rec.reconcile(KEY, copy.deepcopy(kube.experiment), (job(1),), failed)
-    assert "apply" not in kube.verbs()
+    assert [kind for verb, kind in kube.calls if verb == "create"] == ["Job"]
     assert kube.experiment["status"]["jobName"] == "demo-2"
 
 
@@ -136,14 +157,29 @@ def test_a_stale_cache_is_read_again_before_any_job_is_created():
     assert kube.verbs() == ["get"]  # read, then nothing to do: attempt 1 runs
 
 
-def test_a_job_deleted_behind_the_operators_back_is_recreated_not_counted():
-    kube = FakeKube(body(status=running_status()))
+def test_a_job_deleted_behind_the_operators_back_starts_the_next_attempt_as_a_preemption():
+    kube = FakeKube(body(status=running_status()))  # the operator had seen demo-0 (jobUID)
     reconciler(kube).reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
-    verbs = kube.verbs()
-    assert verbs.index("patch_status") < verbs.index("create")  # back to Pending, guarded
+    calls = kube.calls
+    assert calls.index(("patch_status", api.KIND)) < calls.index(("create", "Job"))  # guarded
+    assert ("Job", "demo-1") in kube.objects
+    assert ("Job", "demo-0") not in kube.objects  # never recreated under its old name
+    status = kube.experiment["status"]
+    assert (status["phase"], status["restarts"], status["preemptions"]) == (api.RESTARTING, 0, 1)
+    assert "jobUID" not in status
+    restarting = find(status["conditions"], api.COND_RESTARTING)
+    assert restarting["reason"] == api.REASON_JOB_DELETED
+    assert "Job demo-0" in restarting["message"]
+    assert ("event", api.REASON_JOB_DELETED) in kube.calls
+
+
+def test_a_job_not_seen_yet_is_created_again_under_the_same_name():
+    status = running_status(phase=api.PENDING)
+    del status["jobUID"]  # created, then gone before the operator ever saw it
+    kube = FakeKube(body(status=status))
+    reconciler(kube).reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
     assert ("Job", "demo-0") in kube.objects
-    assert kube.experiment["status"]["phase"] == api.PENDING
-    assert kube.experiment["status"]["restarts"] == 0
+    assert kube.experiment["status"]["preemptions"] == 0
 
 
 def test_creating_a_job_without_a_status_write_first_reads_the_experiment_again():
@@ -200,6 +236,108 @@ def test_transient_errors_propagate_for_the_controller_to_retry():
     def unavailable(obj):
         raise ApiError(503, "etcd is sad")
 
-    kube.apply = unavailable
+    kube.create_owned_all = lambda objs, owner_uid: unavailable(objs)
     with pytest.raises(ApiError):
         reconciler(kube).reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
+
+
+def foreign(kind: str, name: str, **extra) -> dict:
+    """An object someone else made under a name the experiment needs."""
+    return {"kind": kind, "metadata": {"name": name, "namespace": "ns", **extra}}
+
+
+def blocked_condition(kube):
+    return find(kube.experiment["status"].get("conditions") or [], api.COND_BLOCKED)
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "owners"),
+    [
+        ("ServiceAccount", "demo-trainer", []),
+        ("Service", "demo", []),
+        # A deleted namesake's leftovers are not this experiment's either.
+        ("RoleBinding", "demo-trainer", [{"uid": "other-uid", "controller": True}]),
+    ],
+)
+def test_a_foreign_object_under_an_owned_name_blocks_the_start_and_stays_untouched(
+    kind, name, owners
+):
+    kube = FakeKube(body())
+    kube.objects[kind, name] = taken = foreign(kind, name, ownerReferences=owners)
+    rec = reconciler(kube)
+    outcome = rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
+    assert kube.objects[kind, name] is taken
+    assert ("apply", kind) not in kube.calls
+    assert ("create", "Job") not in kube.calls
+    assert ("event", api.REASON_NAME_CONFLICT) in kube.calls
+    blocked = blocked_condition(kube)
+    assert (blocked["status"], blocked["reason"]) == ("True", api.REASON_NAME_CONFLICT)
+    assert f"{kind}/{name}" in blocked["message"]
+    assert "jobName" not in kube.experiment["status"]
+    assert outcome.phase == api.PENDING
+    assert outcome.requeue_after == BLOCKED_REQUEUE_SECONDS
+    # Looking again while nothing changed writes nothing and tells nobody twice.
+    kube.calls.clear()
+    rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
+    assert ("patch_status", api.KIND) not in kube.calls
+    assert not [c for c in kube.calls if c[0] == "event"]
+    # Once the object is gone, the experiment starts and Blocked clears.
+    del kube.objects[kind, name]
+    rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
+    assert ("Job", "demo-0") in kube.objects
+    blocked = blocked_condition(kube)
+    assert (blocked["status"], blocked["reason"]) == ("False", api.REASON_UNBLOCKED)
+    assert kube.experiment["status"]["jobName"] == "demo-0"
+
+
+def test_a_foreign_job_under_the_attempts_name_is_never_adopted():
+    kube = FakeKube(body())
+    kube.objects["Job", "demo-0"] = taken = foreign("Job", "demo-0")
+    rec = reconciler(kube)
+    outcome = rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
+    assert outcome.requeue_after == 0  # found at creation: say so at once
+    rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
+    status = kube.experiment["status"]
+    assert "jobName" not in status and "coordinatorAddress" not in status
+    assert blocked_condition(kube)["reason"] == api.REASON_NAME_CONFLICT
+    assert "Job/demo-0" in blocked_condition(kube)["message"]
+    # Looking again: the Job's name is checked before any write, so nothing flaps.
+    kube.calls.clear()
+    outcome = rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
+    assert ("patch_status", api.KIND) not in kube.calls
+    assert ("create", "Job") not in kube.calls
+    assert outcome.requeue_after == BLOCKED_REQUEUE_SECONDS
+    assert kube.objects["Job", "demo-0"] is taken
+    assert kube.deleted == []
+
+
+CLAIM = {"location": "/ckpt", "volumeClaimName": "ckpt"}
+
+
+@pytest.mark.parametrize(
+    ("labels", "said"),
+    [
+        (None, "does not exist"),
+        ({}, "lacks the label"),
+        ({api.LABEL_CHECKPOINT_CLAIM: "false"}, "lacks the label"),
+    ],
+)
+def test_a_checkpoint_claim_must_opt_in(labels, said):
+    kube = FakeKube(body(checkpoint=CLAIM))
+    if labels is not None:
+        kube.objects["PersistentVolumeClaim", "ckpt"] = foreign(
+            "PersistentVolumeClaim", "ckpt", labels=labels
+        )
+    rec = reconciler(kube)
+    rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
+    blocked = blocked_condition(kube)
+    assert blocked["reason"] == api.REASON_CLAIM_NOT_ALLOWED
+    assert said in blocked["message"] and api.LABEL_CHECKPOINT_CLAIM in blocked["message"]
+    assert "PersistentVolumeClaim ckpt" in blocked["message"]
+    assert not [c for c in kube.calls if c[0] == "create"]  # not even the owned objects
+    kube.objects["PersistentVolumeClaim", "ckpt"] = foreign(
+        "PersistentVolumeClaim", "ckpt", labels={api.LABEL_CHECKPOINT_CLAIM: "true"}
+    )
+    rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
+    assert ("Job", "demo-0") in kube.objects
+    assert blocked_condition(kube)["status"] == "False"
