@@ -64,6 +64,7 @@ from typing import Any
 
 import yaml
 
+from evokube_operator.api import LABEL_CHECKPOINT_CLAIM as CHECKPOINT_CLAIM_LABEL
 from tests.cluster.controlplane import ControlPlane, free_port, wait_until
 
 log = logging.getLogger(__name__)
@@ -232,7 +233,8 @@ class PodRunner:
 
     # -- local storage ---------------------------------------------------------------------
     def provision_claim(self, namespace: str, claim: str, size: str = "1Gi") -> Path:
-        """A PersistentVolumeClaim bound to a hostPath PV in the runner's folder (RWX)."""
+        """A PersistentVolumeClaim bound to a hostPath PV in the runner's folder (RWX), opted
+        in as an experiment's checkpoint claim (the label the operator requires)."""
         path = self.workdir / "volumes" / f"{namespace}-{claim}"
         path.mkdir(parents=True, exist_ok=True)
         pv_name = f"{namespace}-{claim}"[:253]
@@ -256,7 +258,11 @@ class PodRunner:
             {
                 "apiVersion": "v1",
                 "kind": "PersistentVolumeClaim",
-                "metadata": {"name": claim, "namespace": namespace},
+                "metadata": {
+                    "name": claim,
+                    "namespace": namespace,
+                    "labels": {CHECKPOINT_CLAIM_LABEL: "true"},
+                },
                 "spec": {
                     **spec,
                     "volumeName": pv_name,
@@ -544,8 +550,12 @@ class PodRunner:
                 target = self._claim_path(pod, volume["persistentVolumeClaim"]["claimName"])
             elif "projected" in volume:
                 self._projected(pod, volume["projected"]["sources"], target)
+            elif "downwardAPI" in volume:
+                _write_downward_api(pod, volume["downwardAPI"]["items"], target)
             else:
-                raise Unsupported(f"volume {name}: only configMap, emptyDir, PVC and projected")
+                raise Unsupported(
+                    f"volume {name}: only configMap, emptyDir, PVC, projected and downwardAPI"
+                )
             out[name] = target
         return out
 
@@ -586,9 +596,7 @@ class PodRunner:
                 data = self._config_map(meta["namespace"], source["configMap"]["name"])
                 _write_items(target, data, source["configMap"].get("items"))
             elif "downwardAPI" in source:
-                for item in source["downwardAPI"]["items"]:
-                    value = field_value(pod, item["fieldRef"]["fieldPath"])
-                    _write_items(target, {item["path"]: value}, None)
+                _write_downward_api(pod, source["downwardAPI"]["items"], target)
             else:
                 raise Unsupported(f"projected source {sorted(source)}")
 
@@ -787,6 +795,15 @@ class PodRunner:
 
 # -- helpers -------------------------------------------------------------------------------------
 _FIELD_INDEX = re.compile(r"metadata\.(labels|annotations)\['(.+)'\]")
+
+
+def _write_downward_api(pod: dict, items: list[dict], target: Path) -> None:
+    """Downward-API files: each item's fieldRef (an annotation, the pod's name, ...)."""
+    target.mkdir(parents=True, exist_ok=True)
+    for item in items:
+        if "fieldRef" not in item:
+            raise Unsupported(f"downwardAPI item {item.get('path')}: only fieldRef")
+        _write_items(target, {item["path"]: field_value(pod, item["fieldRef"]["fieldPath"])}, None)
 
 
 def field_value(pod: dict, path: str) -> str:

@@ -87,9 +87,13 @@ tables them and tests/helm proves `kubectl auth can-i` grants nothing more.
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
-# Owned objects, server-side applied (create and patch).
+# Read-only: a checkpoint claim must carry the opt-in label evokube.io/checkpoint-claim.
 - apiGroups: [""]
-  resources: [configmaps, services, serviceaccounts]
+  resources: [persistentvolumeclaims]
+  verbs: [get]
+# Owned objects: created; when the name is taken, read, and applied only if the experiment owns it.
+- apiGroups: [""]
+  resources: [services, serviceaccounts]
   verbs: [get, create, patch]
 # The trainer's Role grants get/patch on erlexperiments/status, which the
 # operator holds itself (above), so no escalate or bind verb is needed.
