@@ -20,6 +20,7 @@ import kopf
 
 from evokube_operator.leader import LeaderElection, own_namespace
 from evokube_operator.options import Options
+from evokube_operator.policies.startup import DEFAULT_TIMEOUTS, Timeouts
 
 
 def _network_peers(text: str) -> tuple[dict, ...]:
@@ -76,6 +77,22 @@ def parse_args(argv: list[str] | None = None) -> tuple[Options, argparse.Namespa
         help="restart each watch this often (default 300)",
     )
     parser.add_argument(
+        "--image-pull-timeout-seconds",
+        type=float,
+        default=DEFAULT_TIMEOUTS.image_pull,
+        metavar="S",
+        help="an experiment whose trainer image has not pulled S seconds after its pod started "
+        f"fails (reason ImagePullBackOff; default {DEFAULT_TIMEOUTS.image_pull:g})",
+    )
+    parser.add_argument(
+        "--unschedulable-timeout-seconds",
+        type=float,
+        default=DEFAULT_TIMEOUTS.unschedulable,
+        metavar="S",
+        help="a trainer pod unschedulable for S seconds makes its experiment Blocked "
+        f"(reason Unschedulable; default {DEFAULT_TIMEOUTS.unschedulable:g})",
+    )
+    parser.add_argument(
         "--network-policy",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -129,6 +146,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Options, argparse.Namespa
         parser.error("--workers must be at least 1")
     if not 0 <= args.metrics_port <= 65535:
         parser.error("--metrics-port must be between 0 and 65535")
+    for flag in ("image_pull_timeout_seconds", "unschedulable_timeout_seconds"):
+        if getattr(args, flag) < 0:
+            parser.error(f"--{flag.replace('_', '-')} must not be negative")
     election = None
     if args.leader_elect:
         try:
@@ -153,6 +173,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[Options, argparse.Namespa
         network_policy=args.network_policy,
         metrics_from=args.metrics_from,
         leader_election=election,
+        start_timeouts=Timeouts(
+            image_pull=args.image_pull_timeout_seconds,
+            unschedulable=args.unschedulable_timeout_seconds,
+        ),
     )
     return options, args
 

@@ -24,9 +24,9 @@ from typing import Any, cast
 
 from evokube_operator import api, builders
 from evokube_operator import conditions as cond
-from evokube_operator.observe import JobView, PodView, gang_pods
+from evokube_operator.observe import JobEvent, JobView, PodView, gang_pods
 from evokube_operator.ownership import Blocker
-from evokube_operator.policies import deadline, failure, success, ttl
+from evokube_operator.policies import deadline, failure, startup, success, ttl
 from evokube_operator.spec import (
     Experiment,
     ExperimentSpec,
@@ -48,6 +48,12 @@ WAIT_FOR_PODS_REQUEUE_SECONDS = 15.0
 # While Blocked (a name conflict, a claim not opted in), look again this often: the fix is a
 # person's edit to an object the operator does not watch.
 BLOCKED_REQUEUE_SECONDS = 15.0
+# A Job's pods normally appear within a second or two; only a Job that has lacked pods this
+# long has its FailedCreate events read, so that a normal start costs no extra API call.
+JOB_EVENTS_GRACE_SECONDS = 5.0
+# While a gang lacks pods, read its Job's events again (and decide again) this often: a refused
+# pod changes nothing that the operator watches. The reconciler reads them no more often.
+JOB_EVENTS_REQUEUE_SECONDS = 15.0
 
 # status field name in the API -> attribute of Status
 _FIELDS = {
@@ -129,6 +135,8 @@ class Observation:
     fresh: bool = False
     # What keeps the current attempt's Job from being created (the reconciler checked).
     blocked: Blocker | None = None
+    # The current Job's FailedCreate events, read only when a Plan asked (needs_job_events).
+    job_events: tuple[JobEvent, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +150,8 @@ class Plan:
     requeue_after: float | None = None
     # The status seen is older than a Job seen: read the experiment again, decide again.
     stale: bool = False
+    # (name, uid) of a Job whose FailedCreate events decide wants: read them, decide again.
+    needs_job_events: tuple[str, str] | None = None
     spec: ExperimentSpec | None = field(default=None, compare=False)
 
 
@@ -151,6 +161,7 @@ class _Step:
 
     obs: Observation
     now: str
+    timeouts: startup.Timeouts = startup.DEFAULT_TIMEOUTS
 
     @property
     def exp(self) -> Experiment:
@@ -184,11 +195,11 @@ class _Step:
         )
 
 
-def decide(obs: Observation) -> Plan:
+def decide(obs: Observation, timeouts: startup.Timeouts = startup.DEFAULT_TIMEOUTS) -> Plan:
     exp = obs.experiment
     # Only Jobs this very experiment owns (not a deleted namesake's, not look-alikes).
     obs = replace(obs, jobs=tuple(j for j in obs.jobs if j.owner_uid == exp.uid))
-    step = _Step(obs, format_time(obs.now))
+    step = _Step(obs, format_time(obs.now), timeouts)
     old = Status.from_dict(exp.status)
     if exp.deleting:
         return Plan(old)
@@ -487,7 +498,14 @@ def _progress(
             api.REASON_WAITING_FOR_HOSTS,
             f"waiting for the {hosts} hosts of Job {job.name} to run",
         )
+    diagnosis, wants_events = startup.Diagnosis(), False
+    if phase != api.RUNNING and not job.suspended:
+        diagnosis, wants_events = _start_check(step, job, pods, hosts)
+    problem = diagnosis.problem
+    if problem is not None and problem.final:
+        return _fail(step, status, problem.reason, problem.message, spec, events)
     conditions = step.conditions(status, running)
+    conditions, events = _set_blocked(step, conditions, problem, events)
     if phase == api.RUNNING:
         conditions = step.clear(
             conditions,
@@ -504,13 +522,52 @@ def _progress(
         observed_generation=step.exp.generation,
         conditions=conditions,
     )
+    waits = [w for w in (left, diagnosis.recheck_after) if w is not None]
     return Plan(
         status,
         events=events,
         delete_jobs=step.live_jobs(keep=job.name),
-        requeue_after=left,
+        requeue_after=min(waits, default=None),
+        needs_job_events=(job.name, job.uid)
+        if wants_events and step.obs.job_events is None
+        else None,
         spec=spec,
     )
+
+
+def _start_check(
+    step: _Step, job: JobView, pods: list[PodView], hosts: int
+) -> tuple[startup.Diagnosis, bool]:
+    """What keeps a gang that is not all running from starting (policies/startup.py), and
+    whether the Job's events are needed to tell. Its recheck_after says when to look again."""
+    now = step.obs.now
+    missing = startup.missing_pods(pods, hosts)
+    age = (now - job.created_at).total_seconds() if job.created_at else JOB_EVENTS_GRACE_SECONDS
+    wants_events = missing and age >= JOB_EVENTS_GRACE_SECONDS
+    job_events = (step.obs.job_events or ()) if wants_events else ()
+    diagnosis = startup.diagnose(job_events, pods, now, step.timeouts)
+    waits = [diagnosis.recheck_after] if diagnosis.recheck_after is not None else []
+    if missing:
+        waits.append(JOB_EVENTS_REQUEUE_SECONDS if wants_events else JOB_EVENTS_GRACE_SECONDS - age)
+    return replace(diagnosis, recheck_after=min(waits, default=None)), wants_events
+
+
+def _set_blocked(
+    step: _Step, conditions: cond.Conditions, problem: startup.Problem | None, events
+) -> tuple[cond.Conditions, tuple[Event, ...]]:
+    """Blocked=True with the cause (a Warning Event when the cause is new), or cleared."""
+    if problem is None:
+        if not cond.is_true(conditions, api.COND_BLOCKED):
+            return conditions, events
+        message = "nothing keeps the trainer pods from starting any more"
+        conditions = step.clear(conditions, api.COND_BLOCKED, api.REASON_UNBLOCKED, message)
+        return conditions, (*events, Event("Normal", api.REASON_UNBLOCKED, message))
+    before = cond.find(conditions, api.COND_BLOCKED)
+    blocked = cond.Condition(api.COND_BLOCKED, True, problem.reason, problem.message)
+    conditions = cond.set_condition(conditions, blocked, step.exp.generation, step.now)
+    if before is None or before.get("status") != "True" or before.get("reason") != problem.reason:
+        events = (*events, Event("Warning", problem.reason, problem.message))
+    return conditions, events
 
 
 def _finished(step: _Step, status: Status) -> Plan:

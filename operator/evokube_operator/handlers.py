@@ -71,7 +71,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
             may_write=lambda: elector.leading,
         )
     controller = Controller(
-        Reconciler(kube, network=options.network_access),
+        Reconciler(kube, network=options.network_access, timeouts=options.start_timeouts),
         Indices(kwargs["experiment_index"], kwargs["job_index"], kwargs["pod_index"]),
         metrics,
         workers=options.workers,

@@ -143,6 +143,12 @@ class Kube:
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
         return self.request("GET", kind, self._path(kind, namespace, name))
 
+    def list_events(self, namespace: str, field_selector: str) -> list[dict[str, Any]]:
+        """core/v1 Events in `namespace` that match a field selector (involvedObject.*, reason)."""
+        query = {"fieldSelector": field_selector, "limit": "100"}
+        found = self.request("GET", "Event", self._path("Event", namespace), query=query)
+        return found.get("items") or []
+
     def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply of the fields the operator owns (a metadata.resourceVersion in
         `obj` makes it conditional: 409 if the object changed since)."""

@@ -2,8 +2,11 @@
 
 Kopf keeps these in its in-memory indices (handlers.py), so a reconcile reads
 the state of a gang without a single API call. Only what the policies need is
-kept: a pod is its attempt, index, phase, exit code, disruption and, once it
-is being deleted, the time by which it should be gone.
+kept: a pod is its attempt, index, phase, exit code, disruption, why it has not
+started yet (a waiting trainer container, an unschedulable pod) and, once it
+is being deleted, the time by which it should be gone. Job events are not
+watched: the reconciler lists a Job's FailedCreate events only when decide
+asks (a gang that has fewer pods than hosts), as JobEvents.
 """
 
 from __future__ import annotations
@@ -25,8 +28,12 @@ def _int_or_none(value: Any) -> int | None:
 
 
 def _true_condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    return _condition(status, kind, "True")
+
+
+def _condition(status: Mapping[str, Any], kind: str, value: str) -> Mapping[str, Any] | None:
     for condition in status.get("conditions") or []:
-        if condition.get("type") == kind and condition.get("status") == "True":
+        if condition.get("type") == kind and condition.get("status") == value:
             return condition
     return None
 
@@ -48,6 +55,13 @@ class PodView:
     # metadata.deletionTimestamp: the delete request's time plus the grace period, that is
     # when the pod should be gone (None while not deleted, or if it cannot be parsed).
     deletion_timestamp: datetime | None = None
+    # The trainer container has not started: the kubelet's reason (ErrImagePull, ...) and message.
+    waiting_reason: str | None = None
+    waiting_message: str = ""
+    started_at: datetime | None = None  # status.startTime: the kubelet took the pod on
+    # PodScheduled=False with reason Unschedulable: since when, and the scheduler's message.
+    unschedulable_since: datetime | None = None
+    unschedulable_message: str = ""
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> PodView:
@@ -55,15 +69,20 @@ class PodView:
         labels = meta.get("labels") or {}
         annotations = meta.get("annotations") or {}
         status = body.get("status") or {}
-        exit_code, message = None, ""
+        exit_code, message, waiting = None, "", {}
         for container in status.get("containerStatuses") or []:
             if container.get("name") != api.CONTAINER:
                 continue
-            terminated = (container.get("state") or {}).get("terminated")
+            state = container.get("state") or {}
+            terminated = state.get("terminated")
             if terminated:
                 exit_code = _int_or_none(terminated.get("exitCode"))
                 message = (terminated.get("message") or terminated.get("reason") or "").strip()
+            waiting = state.get("waiting") or {}
         disrupted = _true_condition(status, api.DISRUPTION_TARGET)
+        unscheduled = _condition(status, "PodScheduled", "False")
+        if unscheduled is not None and unscheduled.get("reason") != "Unschedulable":
+            unscheduled = None
         return cls(
             name=meta.get("name", ""),
             uid=meta.get("uid", ""),
@@ -78,6 +97,15 @@ class PodView:
             node=(body.get("spec") or {}).get("nodeName"),
             deleting=bool(meta.get("deletionTimestamp")),
             deletion_timestamp=parse_time(meta.get("deletionTimestamp")),
+            waiting_reason=waiting.get("reason") or None,
+            waiting_message=(waiting.get("message") or "").strip()[:500],
+            started_at=parse_time(status.get("startTime")),
+            unschedulable_since=parse_time(unscheduled.get("lastTransitionTime"))
+            if unscheduled
+            else None,
+            unschedulable_message=(unscheduled.get("message") or "").strip()[:500]
+            if unscheduled
+            else "",
         )
 
     @property
@@ -103,6 +131,7 @@ class JobView:
     completion_time: str | None = None
     deleting: bool = False
     owner_uid: str | None = None  # uid of the controlling ERLExperiment
+    created_at: datetime | None = None
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> JobView:
@@ -123,6 +152,31 @@ class JobView:
             completion_time=status.get("completionTime"),
             deleting=bool(meta.get("deletionTimestamp")),
             owner_uid=owner.get("uid") if owner else None,
+            created_at=parse_time(meta.get("creationTimestamp")),
+        )
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """A core/v1 Event about a Job (the Job controller's FailedCreate, say)."""
+
+    reason: str
+    message: str
+    last_seen: datetime | None = None
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> JobEvent:
+        series = body.get("series") or {}
+        seen = (
+            series.get("lastObservedTime")
+            or body.get("lastTimestamp")
+            or body.get("eventTime")
+            or (body.get("metadata") or {}).get("creationTimestamp")
+        )
+        return cls(
+            reason=body.get("reason") or "",
+            message=(body.get("message") or body.get("note") or "").strip(),
+            last_seen=parse_time(seen),
         )
 
 

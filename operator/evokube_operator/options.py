@@ -10,6 +10,7 @@ from kubernetes.client import Configuration
 
 from evokube_operator.builders import NetworkAccess
 from evokube_operator.leader import LeaderElection
+from evokube_operator.policies.startup import DEFAULT_TIMEOUTS, Timeouts
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Options:
     leader_election: LeaderElection | None = field(default_factory=LeaderElection)  # None: alone
     network_policy: bool = True  # a NetworkPolicy per experiment
     metrics_from: tuple[dict, ...] = ()  # NetworkPolicyPeers that may scrape trainer metrics
+    start_timeouts: Timeouts = DEFAULT_TIMEOUTS  # of image pulls, of unschedulable pods
 
     @property
     def network_access(self) -> NetworkAccess | None:

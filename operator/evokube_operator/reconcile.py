@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from evokube_operator import api, builders
 from evokube_operator import conditions as cond
-from evokube_operator.decide import Observation, Plan, Status, decide
+from evokube_operator.decide import JOB_EVENTS_REQUEUE_SECONDS, Observation, Plan, Status, decide
 from evokube_operator.kube import ApiError, Kube
-from evokube_operator.observe import JobView, PodView
+from evokube_operator.observe import JobEvent, JobView, PodView
 from evokube_operator.ownership import (
     Blocker,
     NameConflict,
@@ -34,6 +34,7 @@ from evokube_operator.ownership import (
     is_owned_by,
     name_conflict,
 )
+from evokube_operator.policies import startup
 from evokube_operator.spec import Experiment, ExperimentSpec
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class _Memory:
     statics: tuple[str, int] | None = None  # (uid, generation) last applied
     # (uid, job name, why): creating that Job found a foreign one under its name.
     job_conflict: tuple[str, str, Blocker] | None = None
+    # (Job uid, when read, its FailedCreate events): read at most once a requeue interval.
+    job_events: tuple[str, datetime, tuple[JobEvent, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class Reconciler:
     kube: Kube
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     network: builders.NetworkAccess | None = None  # None: no NetworkPolicy per experiment
+    timeouts: startup.Timeouts = startup.DEFAULT_TIMEOUTS  # of pods that cannot start
     _memory: dict[Key, _Memory] = field(default_factory=dict)
 
     def forget(self, key: Key) -> None:
@@ -109,17 +113,19 @@ class Reconciler:
         for _ in range(MAX_CONFLICTS):
             exp = Experiment.from_body(body)
             old = Status.from_dict(exp.status)
-            plan = decide(
-                Observation(
-                    exp,
-                    jobs,
-                    pods,
-                    self.clock(),
-                    self._rejection(exp, old, memory),
-                    fresh,
-                    blocked or self._job_conflict(exp, old, job_conflict),
-                )
+            observation = Observation(
+                exp,
+                jobs,
+                pods,
+                self.clock(),
+                self._rejection(exp, old, memory),
+                fresh,
+                blocked or self._job_conflict(exp, old, job_conflict),
             )
+            plan = decide(observation, self.timeouts)
+            if plan.needs_job_events is not None:
+                events = self._job_events(exp.namespace, plan.needs_job_events, memory)
+                plan = decide(replace(observation, job_events=events), self.timeouts)
             patch = plan.status.patch_from(old)
             if not fresh and (plan.stale or (plan.create_job is not None and not patch)):
                 body, fresh = self._read(key), True
@@ -159,6 +165,30 @@ class Reconciler:
                 self.forget(key)
                 return None
             raise
+
+    def _job_events(
+        self, namespace: str, job: tuple[str, str], memory: _Memory
+    ) -> tuple[JobEvent, ...]:
+        """The Job's FailedCreate events, listed at most once per JOB_EVENTS_REQUEUE_SECONDS
+        (a failed read counts: it is a diagnosis, worth a log line, never a retry)."""
+        name, uid = job
+        now = self.clock()
+        if memory.job_events is not None:
+            read_uid, read_at, events = memory.job_events
+            if read_uid == uid and (now - read_at).total_seconds() < JOB_EVENTS_REQUEUE_SECONDS:
+                return events
+        selector = (
+            f"involvedObject.kind=Job,involvedObject.name={name},involvedObject.uid={uid},"
+            f"reason={startup.FAILED_CREATE}"
+        )
+        try:
+            found = self.kube.list_events(namespace, selector)
+            events = tuple(JobEvent.from_body(e) for e in found)
+        except ApiError as err:
+            log.warning("%s: the events of Job %s not read: %s", namespace, name, err)
+            events = ()
+        memory.job_events = (uid, now, events)
+        return events
 
     @staticmethod
     def _rejection(exp: Experiment, status: Status, memory: _Memory) -> str | None:
