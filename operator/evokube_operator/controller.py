@@ -7,6 +7,9 @@ reconciled twice at once; a failed reconcile is retried with backoff. The
 reconcile itself (blocking API calls) runs in worker threads, one per worker
 (asyncio's default pool has only CPUs + 4 threads, which capped the workers),
 reading the experiment, its Jobs and its pods from Kopf's in-memory indices.
+
+Only the leader runs workers (see leader.py): until `start()`, requests are
+dropped, and `start()` then looks at every experiment the indices know.
 """
 
 from __future__ import annotations
@@ -83,11 +86,23 @@ class Controller:
         self._again: set[Key] = set()  # requested while being reconciled
         self._timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
         self._tasks: list[asyncio.Task] = []
+        self._indices_complete = False
         self._threads = ThreadPoolExecutor(workers, thread_name_prefix="evokube-reconcile")
 
     # -- requests ---------------------------------------------------------------------------
+    def changed(self, key: Key) -> None:
+        """Kopf saw `key` or one of its Jobs or pods change.
+
+        Kopf calls handlers only once every index has been filled by its first
+        listing, so from the first call on the indices are complete.
+        """
+        self._indices_complete = True
+        self.request(key)
+
     def request(self, key: Key, delay: float = 0.0) -> None:
-        """Reconcile `key` after `delay` seconds (the earliest request wins)."""
+        """Reconcile `key` after `delay` seconds (the earliest request wins); not before start."""
+        if not self._tasks:
+            return
         if delay > 0:
             self._schedule(key, delay)
             return
@@ -121,12 +136,17 @@ class Controller:
 
     # -- running ----------------------------------------------------------------------------
     def start(self) -> None:
+        """Run the workers, and look at every known experiment (a new leader catches up)."""
         for i in range(self.workers):
             self._tasks.append(asyncio.create_task(self._worker(), name=f"evokube-worker-{i}"))
         if self.resync_seconds > 0:
             self._tasks.append(asyncio.create_task(self._resync(), name="evokube-resync"))
+        if self._indices_complete:  # else Kopf's first calls will name every experiment
+            for key in list(self.indices.experiments):
+                self.request(key)
 
     async def stop(self) -> None:
+        """Stop the workers and wait for the reconciles in flight (their writes) to end."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -134,12 +154,12 @@ class Controller:
         for _, handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
-        self._threads.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(self._threads.shutdown, wait=True, cancel_futures=True)
 
     @property
     def alive(self) -> bool:
-        """Every worker still runs (a crashed worker would silently stall experiments)."""
-        return bool(self._tasks) and not any(t.done() for t in self._tasks)
+        """Every worker started still runs (a crashed worker would silently stall experiments)."""
+        return not any(t.done() for t in self._tasks)
 
     async def _resync(self) -> None:
         """A slow safety net: look at every known experiment now and then."""

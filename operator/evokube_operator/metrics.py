@@ -6,7 +6,9 @@ One small aiohttp server, on the operator's event loop:
 |---|---|
 | `/metrics` | the `evokube_operator_*` metrics below |
 | `/healthz` | liveness: 200 while the event loop answers and every reconcile worker runs |
-| `/readyz` | readiness: 200 once the operator started and the API server answered recently |
+| `/readyz` | readiness: 200 once started and the API server answered recently |
+
+`/readyz` answers `ok: leader` or `ok: follower`: a follower is ready, it stands by.
 
 Everything lives in one Metrics object with its own registry (no global
 state), created at startup and kept in Kopf's memo.
@@ -22,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -85,6 +87,11 @@ class Metrics:
             ["verb", "kind", "code"],
             registry=self.registry,
         )
+        self.leader = Gauge(
+            "evokube_operator_leader",
+            "1 while this replica holds the Lease and reconciles, 0 while it stands by.",
+            registry=self.registry,
+        )
 
     # -- recording ---------------------------------------------------------------------------
     def reconciled(self, key: Any, phase: str | None, seconds: float, error: bool = False):
@@ -120,8 +127,10 @@ class Server:
         alive: Callable[[], bool],
         api_reachable: Callable[[], Awaitable[bool]],
         recheck_seconds: float = 10.0,
+        role: Callable[[], str] = lambda: "leader",
     ):
         self.metrics = metrics
+        self._role = role
         self._alive = alive
         self._api_reachable = api_reachable
         self._recheck = recheck_seconds
@@ -165,4 +174,4 @@ class Server:
             if not reachable:
                 return web.Response(status=503, text="the API server does not answer\n")
             self._ready_until = now + self._recheck
-        return web.Response(text="ok\n")
+        return web.Response(text=f"ok: {self._role()}\n")

@@ -168,3 +168,53 @@ def test_every_worker_reconciles_at_once():
     run(rec, scenario, workers=workers)
     assert sorted(rec.calls) == sorted(keys)
     assert not arrived.broken
+
+
+def test_a_follower_drops_requests_and_on_becoming_leader_looks_at_every_experiment():
+    rec = ScriptedReconciler()
+
+    async def main():
+        indices = Indices({A: [{}], B: [{}]}, {}, {})
+        controller = Controller(rec, indices, Metrics(), workers=2, resync_seconds=0)
+        controller.changed(A)  # a follower: Kopf's call says the indices are complete
+        controller.request(B, delay=0.01)
+        await asyncio.sleep(0.05)
+        assert rec.calls == [] and controller.alive
+        controller.start()
+        try:
+            await until(lambda: sorted(rec.calls) == [A, B], "a reconcile of each experiment")
+        finally:
+            await controller.stop()
+
+    asyncio.run(main())
+
+
+def test_a_leader_started_before_kopfs_first_call_waits_for_kopf_to_name_experiments():
+    """Before Kopf's first call the indices may still be filling: reconciling from them could
+    miss a running gang's pods."""
+    rec = ScriptedReconciler()
+
+    async def main():
+        controller = Controller(rec, Indices({A: [{}]}, {}, {}), Metrics(), resync_seconds=0)
+        controller.start()
+        try:
+            await asyncio.sleep(0.05)
+            assert rec.calls == []
+            controller.changed(B)
+            await until(lambda: rec.calls == [B], "the named experiment only")
+        finally:
+            await controller.stop()
+
+    asyncio.run(main())
+
+
+def test_stop_waits_for_the_reconcile_in_flight():
+    rec = ScriptedReconciler(seconds=0.3)
+
+    async def scenario(controller):
+        controller.request(A)
+        await until(lambda: A in rec.running, "the reconcile to start")
+        await controller.stop()
+        assert rec.calls == [A]  # it ended before stop() returned
+
+    run(rec, scenario)
