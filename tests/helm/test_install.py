@@ -235,7 +235,7 @@ def test_the_operator_as_the_charts_account_runs_an_experiment_to_the_end(
         )
         status = k8s.wait_running_gang(namespace, name, 2)
         assert status["jobName"] == f"{name}-0"
-        for kind in ("configmap", "service", "serviceaccount", "role", "rolebinding"):
+        for kind in ("service", "serviceaccount", "role", "rolebinding"):
             cluster.kubectl("get", kind, "-n", namespace, "-l", f"evokube.io/experiment={name}")
         pod = k8s.running_pods(namespace, name, f"{name}-0")[0]
         k8s.exit_pod(namespace, pod.metadata.name, 75)  # retriable: a gang restart

@@ -57,7 +57,7 @@ def test_apply_creates_owned_objects_and_the_tpu_gang_runs_on_the_tpu_pool(k8s, 
     # Only the operator's fields: nothing of Kopf's (handler results, progress) in status.
     assert set(status) <= {
         "phase", "observedGeneration", "hosts", "restarts", "preemptions", "startTime",
-        "jobName", "coordinatorAddress", "checkpointLocation", "conditions",
+        "jobName", "jobUID", "coordinatorAddress", "checkpointLocation", "conditions",
     }  # fmt: skip
 
     svc = k8s.core.read_namespaced_service("tpu", namespace)
@@ -71,18 +71,17 @@ def test_apply_creates_owned_objects_and_the_tpu_gang_runs_on_the_tpu_pool(k8s, 
     ]
     binding = k8s.rbac.read_namespaced_role_binding("tpu-trainer", namespace)
     assert [(s.kind, s.name) for s in binding.subjects] == [("ServiceAccount", "tpu-trainer")]
-    config = k8s.core.read_namespaced_config_map("tpu-manifest", namespace)
-    manifest = yaml.safe_load(config.data["experiment.yaml"])
+    job = k8s.batch.read_namespaced_job("tpu-0", namespace)
+    assert status["jobUID"] == job.metadata.uid
+    manifest = yaml.safe_load(job.spec.template.metadata.annotations["evokube.io/manifest"])
     assert manifest["metadata"]["name"] == "tpu"
     assert manifest["spec"]["accelerator"]["tpu"]["topology"] == "4x4"
-
-    job = k8s.batch.read_namespaced_job("tpu-0", namespace)
     assert (job.spec.completions, job.spec.parallelism) == (4, 4)
     assert job.spec.completion_mode == "Indexed" and job.spec.backoff_limit == 0
     assert [r.action for r in job.spec.pod_failure_policy.rules] == ["FailJob", "FailJob"]
     assert job.spec.template.spec.subdomain == "tpu"
     assert job.metadata.labels["kueue.x-k8s.io/queue-name"] == "tpu-queue"
-    for owned in (svc, account, role, binding, config, job):
+    for owned in (svc, account, role, binding, job):
         (owner,) = owned.metadata.owner_references
         assert (owner.kind, owner.name, owner.uid, owner.controller) == (
             "ERLExperiment",
@@ -203,7 +202,6 @@ def assert_everything_owned_is_gone(k8s, namespace, name):
         for lister in (
             k8s.core.list_namespaced_service,
             k8s.core.list_namespaced_service_account,
-            k8s.core.list_namespaced_config_map,
             k8s.rbac.list_namespaced_role,
             k8s.rbac.list_namespaced_role_binding,
         ):
@@ -278,7 +276,6 @@ def test_a_killed_operator_adopts_what_exists_and_converges_after_restart(k8s, o
     for lister in (
         k8s.core.list_namespaced_service,
         k8s.core.list_namespaced_service_account,
-        k8s.core.list_namespaced_config_map,
         k8s.rbac.list_namespaced_role,
         k8s.rbac.list_namespaced_role_binding,
     ):

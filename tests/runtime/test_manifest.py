@@ -48,7 +48,7 @@ def test_the_base_manifest_is_valid_and_maps_to_each_workflow_type():
 
 
 def test_object_metadata_beyond_the_name_is_the_api_servers_and_allowed():
-    # The operator's ConfigMap carries metadata.namespace; users' files carry labels.
+    # The operator's pod annotation carries metadata.namespace; users' files carry labels.
     doc = with_changes({"metadata": {"name": "ok", "namespace": "team-a", "labels": {"a": "b"}}})
     assert manifest.check(doc)[1] == []
 
