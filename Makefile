@@ -8,7 +8,7 @@ VENV := .venv
 # Reinstall when pyproject.toml changes.
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: setup system-deps cluster-binaries lint test run demo cluster-up cluster-down
+.PHONY: setup system-deps cluster-binaries checkov lint test run demo cluster-up cluster-down
 
 # Debian packages the tests use: Prometheus (tests/observability), podman,
 # buildah and debootstrap (tests/images build the Dockerfile without a Docker engine).
@@ -23,6 +23,22 @@ $(STAMP): pyproject.toml
 	touch $@
 
 setup: $(STAMP)
+
+# checkov (tests/helm/test_scan.py scans the chart and the operator's Jobs) in a
+# virtual environment of its own: its many pinned dependencies never meet the
+# project's. Installed once per version.
+CHECKOV_VERSION := 3.3.30
+CHECKOV_VENV := .venv-checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-$(CHECKOV_VERSION)
+
+$(CHECKOV_STAMP):
+	rm -rf $(CHECKOV_VENV)
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install -q --upgrade pip
+	$(CHECKOV_VENV)/bin/pip install -q checkov==$(CHECKOV_VERSION)
+	touch $@
+
+checkov: $(CHECKOV_STAMP)
 
 # Installs them when one is missing (CI runs as root on a fresh Debian machine).
 system-deps:
@@ -40,7 +56,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: setup system-deps cluster-binaries lint
+test: setup system-deps cluster-binaries checkov lint
 	$(VENV)/bin/pytest
 
 cluster-up: setup cluster-binaries

@@ -1,0 +1,157 @@
+"""The chart's experiment policy (values `policy`), judged by the real API server.
+
+The policy is rendered for a release watching one throwaway namespace, so its
+binding covers that namespace alone; every refusal must name the field.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tests.cluster.controlplane import wait_until
+from tests.helm.chart import ADMISSION_TEMPLATE, OWN_RELEASE_LABEL, documents, render
+from tests.operator.conftest import experiment_manifest
+
+pytestmark = pytest.mark.cluster
+
+VALUES = {
+    "policy": {
+        "allowedImages": ["ghcr.io/evokube/", "registry.example/rl/"],
+        "allowedPriorityClasses": ["team-low", "team-high"],
+        "allowedTolerationKeys": ["dedicated", "google.com/tpu"],
+    },
+    # Only the experiment policy matters here.
+    "admission": {"trainerToken": False, "statusGuard": False},
+}
+
+
+@pytest.fixture
+def policed(cluster, crd, make_namespace):
+    """A namespace under the policy of VALUES; the policy goes with the test."""
+    namespace = make_namespace("policed")
+    cluster.kubectl("label", "namespace", namespace, f"{OWN_RELEASE_LABEL}=policy")
+    release = f"evokube-{namespace}"
+    policy = render(
+        cluster,
+        release,
+        "evokube-system",
+        {**VALUES, "watchNamespaces": [namespace]},
+        show_only=[ADMISSION_TEMPLATE],
+    )
+    cluster.kubectl("apply", "-f", "-", input=policy)
+
+    def bad_image_refused():
+        probe = experiment_manifest("probe", namespace, image="docker.io/evil/miner:1")
+        run = apply(cluster, probe, dry_run=True)
+        return run.returncode != 0
+
+    wait_until(bad_image_refused, 30, "the experiment policy to take effect")
+    yield namespace
+    cluster.kubectl("delete", "-f", "-", "--wait=false", input=policy, check=False)
+
+
+def apply(cluster, manifest, dry_run=False):
+    args = ["apply", "-f", "-"] + (["--dry-run=server"] if dry_run else [])
+    return cluster.kubectl(*args, input=yaml.safe_dump(manifest), check=False)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            {"image": "docker.io/evil/miner:1"},
+            "spec.image: docker.io/evil/miner:1 does not start with an allowed prefix "
+            "(ghcr.io/evokube/, registry.example/rl/)",
+        ),
+        (
+            {"image": "ghcr.io/evokubeX/trainer:1"},
+            "spec.image: ghcr.io/evokubeX/trainer:1 does not start with an allowed prefix",
+        ),
+        (
+            {"priorityClassName": "system-cluster-critical"},
+            "spec.priorityClassName: system-cluster-critical is not allowed "
+            "(allowed: team-low, team-high)",
+        ),
+        ({"priorityClassName": "team-urgent"}, "spec.priorityClassName: team-urgent is not"),
+        (
+            {"tolerations": [{"key": "node-role.kubernetes.io/control-plane"}]},
+            "spec.tolerations: only the keys dedicated, google.com/tpu may be tolerated",
+        ),
+        ({"tolerations": [{"operator": "Exists"}]}, "spec.tolerations: only the keys"),
+    ],
+    ids=["image", "image-prefix-lookalike", "system-class", "other-class", "taint", "keyless"],
+)
+def test_the_policy_refuses_what_the_values_do_not_allow(cluster, policed, spec, message):
+    run = apply(cluster, experiment_manifest("refused", policed, **spec))
+    assert run.returncode != 0
+    assert message in run.stderr, run.stderr
+    assert "ValidatingAdmissionPolicy" in run.stderr
+
+
+def test_the_policy_admits_what_the_values_allow_and_judges_each_spec_change(cluster, policed):
+    allowed = experiment_manifest(
+        "allowed",
+        policed,
+        image="registry.example/rl/trainer:2",
+        priorityClassName="team-high",
+        tolerations=[{"key": "dedicated", "operator": "Equal", "value": "rl"}],
+        suspend=True,
+    )
+    assert apply(cluster, allowed).returncode == 0
+    changed = {**allowed, "spec": {**allowed["spec"], "image": "quay.io/other/trainer:2"}}
+    run = apply(cluster, changed)
+    assert run.returncode != 0 and "spec.image: quay.io/other/trainer:2" in run.stderr
+
+
+# -- rendered ------------------------------------------------------------------------------------
+def test_the_policies_cover_the_watched_namespaces_and_trust_the_charts_operator(cluster):
+    values = {"watchNamespaces": ["team-a"], "serviceAccount": {"name": "evk-sa"}}
+    objects = documents(render(cluster, "rl", "ops", values))
+    bindings = {o["metadata"]["name"]: o for o in objects if o["kind"].endswith("PolicyBinding")}
+    assert sorted(bindings) == [
+        "rl-evokube-experiment-policy",
+        "rl-evokube-status-guard",
+        "rl-evokube-trainer-token",
+    ]
+    for binding in bindings.values():
+        assert binding["spec"]["policyName"] == binding["metadata"]["name"]
+        assert binding["spec"]["matchResources"]["namespaceSelector"] == {
+            "matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}
+            ]
+        }
+    (guard,) = [o for o in objects if o["metadata"]["name"] == "rl-evokube-status-guard"]
+    (condition,) = guard["spec"]["matchConditions"]
+    assert '"system:serviceaccount:ops:evk-sa"' in condition["expression"]
+    (fence,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    assert fence["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == (
+        "evokube-operator"
+    )
+    assert fence["spec"]["ingress"] == [
+        {
+            "from": [
+                {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}
+                    }
+                }
+            ],
+            "ports": [{"port": "metrics", "protocol": "TCP"}],
+        }
+    ]
+
+
+def test_turned_off_the_chart_installs_no_token_policy_guard_or_network_policy(cluster):
+    values = {
+        "admission": {"trainerToken": False, "statusGuard": False},
+        "networkPolicy": {"enabled": False, "metricsFrom": []},
+    }
+    objects = documents(render(cluster, "evokube", "evokube-system", values))
+    names = {o["metadata"]["name"] for o in objects if "Admission" in o["kind"]}
+    assert names == {"evokube-experiment-policy"}
+    assert not [o for o in objects if o["kind"] == "NetworkPolicy"]
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--no-network-policy" in args
+    assert not [a for a in args if a.startswith("--metrics-from")]
