@@ -30,6 +30,7 @@ POD_SECURITY = (
     'Error creating: pods "demo-0-0-x" is forbidden: violates PodSecurity "restricted:latest": '
     'runAsNonRoot != true (pod or container "trainer" must set securityContext.runAsNonRoot=true)'
 )
+NEW_QUOTA = 'Error creating: pods "demo-0-0-x" is forbidden: status unknown for quota: q'
 PRIORITY = (
     'Error creating: pods "demo-0-0-x" is forbidden: no PriorityClass with name nope was found'
 )
@@ -78,6 +79,7 @@ BLOCKED, FAILED = False, True
         ([], [pod(0, "Pending")], None, None),  # pulling, created, scheduled: nothing wrong yet
         ([created(QUOTA)], [], BLOCKED, api.REASON_POD_CREATION_FAILING),
         ([created(NO_ACCOUNT)], [], BLOCKED, api.REASON_POD_CREATION_FAILING),
+        ([created(NEW_QUOTA)], [], BLOCKED, api.REASON_POD_CREATION_FAILING),
         ([created(WEBHOOK_DOWN)], [], BLOCKED, api.REASON_POD_CREATION_FAILING),
         ([created("Error creating: etcdserver: request timed out")], [], BLOCKED,
          api.REASON_POD_CREATION_FAILING),

@@ -7,7 +7,7 @@ the scheduler sets the condition PodScheduled=False.
 
 | observed | verdict |
 |---|---|
-| FailedCreate: exceeded quota, ServiceAccount not found, webhook unreachable | Blocked |
+| FailedCreate: a ResourceQuota, ServiceAccount not found, webhook unreachable | Blocked |
 | FailedCreate: PodSecurity, no such PriorityClass, invalid, forbidden, denied | Failed |
 | FailedCreate: anything else | Blocked |
 | trainer waiting: InvalidImageName | Failed |
@@ -41,7 +41,7 @@ MESSAGE_LIMIT = 512
 # The first pattern found in a FailedCreate message decides (case-sensitive, as the API
 # server writes them); True: refused for good. No pattern: may pass.
 CREATE_REFUSALS: tuple[tuple[str, bool], ...] = (
-    ("exceeded quota", False),  # other pods may end and free it
+    ("quota", False),  # exceeded (other pods may end), or a new quota not counted yet
     ("error looking up service account", False),  # created a moment after the Job
     ("failed calling webhook", False),  # a webhook that does not answer (yet)
     ("violates PodSecurity", True),
