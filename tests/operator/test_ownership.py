@@ -1,0 +1,244 @@
+"""Names and ownership on the real control plane: the operator takes over nothing it did not
+create for the very experiment, a checkpoint claim must opt in, and a Job deleted by hand
+starts the next attempt under a new name (docs/operator.md, "Names and ownership")."""
+
+import pytest
+from kubernetes import client
+
+from evokube_operator import api as evokube
+from evokube_operator import builders
+from evokube_operator.kube import ApiError, Kube
+from evokube_operator.ownership import NameConflict
+from evokube_operator.spec import Experiment
+from tests.operator.conftest import experiment_manifest
+from tests.operator.test_operator import assert_everything_owned_is_gone
+
+pytestmark = pytest.mark.cluster
+
+ONE_CPU_HOST = {"type": "cpu"}
+WORKLOAD_IDENTITY = "iam.gke.io/gcp-service-account"
+
+
+def foreign_objects(k8s, namespace):
+    """What a namespace held before anyone named an experiment after it."""
+    k8s.core.create_namespaced_service_account(
+        namespace,
+        {
+            "metadata": {
+                "name": "ml-trainer",
+                "annotations": {WORKLOAD_IDENTITY: "ml@project.iam.gserviceaccount.com"},
+            }
+        },
+    )
+    k8s.rbac.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": "secret-reader"},
+            "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}],
+        },
+    )
+    k8s.rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "ml-trainer-secrets"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "secret-reader",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "ml-trainer", "namespace": namespace}],
+        },
+    )
+    k8s.core.create_namespaced_service(
+        namespace,
+        {
+            "metadata": {"name": "postgres", "labels": {"app": "postgres"}},
+            "spec": {
+                "clusterIP": "None",
+                "selector": {"app": "postgres"},
+                "ports": [{"name": "pg", "port": 5432}],
+            },
+        },
+    )
+    k8s.core.create_namespaced_config_map(
+        namespace, {"metadata": {"name": "app-manifest"}, "data": {"config.yaml": "debug: false"}}
+    )
+    k8s.batch.create_namespaced_job(
+        namespace,
+        {
+            "metadata": {"name": "batch-0", "labels": {"team": "data"}},
+            "spec": {
+                "suspend": True,  # no pods: only its name matters here
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "main", "image": "busybox"}],
+                    }
+                },
+            },
+        },
+    )
+
+
+FOREIGN = [
+    # (kind, name, reader)
+    ("ServiceAccount", "ml-trainer", lambda k8s: k8s.core.read_namespaced_service_account),
+    ("RoleBinding", "ml-trainer-secrets", lambda k8s: k8s.rbac.read_namespaced_role_binding),
+    ("Service", "postgres", lambda k8s: k8s.core.read_namespaced_service),
+    ("ConfigMap", "app-manifest", lambda k8s: k8s.core.read_namespaced_config_map),
+    ("Job", "batch-0", lambda k8s: k8s.batch.read_namespaced_job),
+]
+
+
+def fingerprint(k8s, namespace, objects=FOREIGN):
+    """Each foreign object as the API server has it: resourceVersion, labels, annotations,
+    owners, and the content (selector, data, subjects)."""
+    out = {}
+    for kind, name, reader in objects:
+        obj = k8s.api_client.sanitize_for_serialization(reader(k8s)(name, namespace))
+        meta = obj["metadata"]
+        out[kind, name] = (
+            meta["resourceVersion"],
+            meta.get("labels"),
+            meta.get("annotations"),
+            meta.get("ownerReferences"),
+            obj.get("spec", {}).get("selector"),
+            obj.get("data"),
+            obj.get("subjects"),
+        )
+    return out
+
+
+def blocked(k8s, namespace, name):
+    condition = k8s.condition(namespace, name, evokube.COND_BLOCKED)
+    return condition if condition and condition["status"] == "True" else None
+
+
+def test_experiments_named_after_foreign_objects_take_over_none_of_them(k8s, namespace):
+    foreign_objects(k8s, namespace)
+    before = fingerprint(k8s, namespace)
+    for name in ("ml", "postgres", "app", "batch"):
+        k8s.apply(experiment_manifest(name, namespace, accelerator=ONE_CPU_HOST))
+
+    for name, taken in [("ml", "ServiceAccount/ml-trainer"), ("postgres", "Service/postgres")]:
+        condition = k8s.wait(lambda n=name: blocked(k8s, namespace, n), f"{name} to be Blocked")
+        assert condition["reason"] == evokube.REASON_NAME_CONFLICT
+        assert taken in condition["message"]
+    condition = k8s.wait(lambda: blocked(k8s, namespace, "batch"), "batch to be Blocked")
+    assert (condition["reason"], "Job/batch-0" in condition["message"]) == (
+        evokube.REASON_NAME_CONFLICT,
+        True,
+    )
+    # The manifest is no ConfigMap any more: app-manifest is just someone else's.
+    k8s.wait_running_gang(namespace, "app", 1)
+    for name in ("ml", "postgres", "batch"):
+        status = k8s.status(namespace, name)
+        assert status["phase"] == evokube.PENDING
+        assert "jobName" not in status and "jobUID" not in status
+        assert evokube.REASON_NAME_CONFLICT in k8s.events(namespace, name)
+        assert not k8s.pods(namespace, name)  # no trainer ever ran as ml-trainer
+    assert [j.metadata.name for j in k8s.jobs(namespace, "batch")] == []
+    assert fingerprint(k8s, namespace) == before
+
+    # Renaming or removing the foreign object lets the experiment start.
+    k8s.core.delete_namespaced_service("postgres", namespace)
+    k8s.batch.delete_namespaced_job("batch-0", namespace, propagation_policy="Background")
+    for name in ("postgres", "batch"):
+        status = k8s.wait_running_gang(namespace, name, 1, timeout=60)
+        assert status["jobName"] == f"{name}-0"
+        cleared = k8s.condition(namespace, name, evokube.COND_BLOCKED)
+        assert (cleared["status"], cleared["reason"]) == ("False", evokube.REASON_UNBLOCKED)
+    assert blocked(k8s, namespace, "ml")
+
+    # Deleting the experiments lets the garbage collector take only what they owned.
+    k8s.cluster.kubectl("delete", "erlx", "--all", "-n", namespace, "--wait=true")
+    for name in ("postgres", "batch", "app"):
+        assert_everything_owned_is_gone(k8s, namespace, name)
+    survivors = [f for f in FOREIGN if f[1] not in ("postgres", "batch-0")]
+    after = fingerprint(k8s, namespace, survivors)
+    assert after == {(kind, name): before[kind, name] for kind, name, _ in survivors}
+
+
+def test_a_checkpoint_claim_is_mounted_only_once_it_opts_in(k8s, namespace):
+    checkpoint = {"location": "/ckpt", "volumeClaimName": "ckpt"}
+    k8s.apply(experiment_manifest("c", namespace, accelerator=ONE_CPU_HOST, checkpoint=checkpoint))
+    condition = k8s.wait(lambda: blocked(k8s, namespace, "c"), "c to be Blocked")
+    assert condition["reason"] == evokube.REASON_CLAIM_NOT_ALLOWED
+    assert "ckpt does not exist" in condition["message"]
+    claim = {
+        "metadata": {"name": "ckpt"},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "",
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    k8s.core.create_namespaced_persistent_volume_claim(namespace, claim)
+    k8s.wait(
+        lambda: "lacks the label" in (blocked(k8s, namespace, "c") or {}).get("message", ""),
+        "the claim's missing label to be named",
+    )
+    assert evokube.LABEL_CHECKPOINT_CLAIM in blocked(k8s, namespace, "c")["message"]
+    assert not k8s.jobs(namespace, "c")
+    label = {"metadata": {"labels": {evokube.LABEL_CHECKPOINT_CLAIM: "true"}}}
+    k8s.core.patch_namespaced_persistent_volume_claim("ckpt", namespace, label)
+    k8s.wait(lambda: k8s.jobs(namespace, "c"), "the Job of c", timeout=60)
+    (job,) = k8s.jobs(namespace, "c")
+    volumes = {v.name: v for v in job.spec.template.spec.volumes}
+    assert volumes["checkpoints"].persistent_volume_claim.claim_name == "ckpt"
+    cleared = k8s.condition(namespace, "c", evokube.COND_BLOCKED)
+    assert (cleared["status"], cleared["reason"]) == ("False", evokube.REASON_UNBLOCKED)
+
+
+def test_a_job_deleted_by_hand_starts_the_next_attempt_as_a_preemption(k8s, cluster, namespace):
+    k8s.apply(experiment_manifest("h", namespace, accelerator=ONE_CPU_HOST))
+    k8s.wait_running_gang(namespace, "h", 1)
+    k8s.wait(lambda: k8s.status(namespace, "h").get("jobUID"), "the Job's uid in status")
+    cluster.kubectl("delete", "job", "h-0", "-n", namespace, "--wait=false")
+    status = k8s.wait(
+        lambda: (s := k8s.status(namespace, "h")).get("jobName") == "h-1" and s, "attempt 1"
+    )
+    assert (status.get("restarts", 0), status["preemptions"]) == (0, 1)
+    restarting = k8s.condition(namespace, "h", evokube.COND_RESTARTING)
+    assert restarting["reason"] == evokube.REASON_JOB_DELETED
+    assert "Job h-0" in restarting["message"]
+    assert evokube.REASON_JOB_DELETED in k8s.events(namespace, "h")
+    status = k8s.wait_running_gang(namespace, "h", 1, timeout=60)
+    assert [j.metadata.name for j in k8s.jobs(namespace, "h")] == ["h-1"]
+    assert status["jobUID"] == k8s.batch.read_namespaced_job("h-1", namespace).metadata.uid
+
+
+def test_owned_objects_are_written_only_when_this_experiment_controls_them(k8s, namespace):
+    """kube.Kube.create_owned on the API server itself, as the operator uses it."""
+    k8s.apply(experiment_manifest("own", namespace, suspend=True))  # no objects of its own
+    body = k8s.wait(
+        lambda: (e := k8s.experiment(namespace, "own")).get("status", {}).get("phase") and e,
+        "own to be Suspended",
+    )
+    exp = Experiment.from_body(body)
+    kube = Kube(k8s.cluster.api_client())
+    try:
+        account = builders.service_account(exp)
+        created, fresh = kube.create_owned(account, exp.uid)
+        assert fresh and created["metadata"]["ownerReferences"][0]["uid"] == exp.uid
+        again, fresh = kube.create_owned(account, exp.uid)
+        assert not fresh and again["metadata"]["uid"] == created["metadata"]["uid"]
+        # The apply is guarded by the resourceVersion read: a change in between fails it.
+        stale = {**account, "metadata": {**account["metadata"], "resourceVersion": "1"}}
+        with pytest.raises(ApiError) as refused:
+            kube.apply(stale)
+        assert refused.value.status == 409
+        # Another experiment's object (or anybody's) under the name is left alone.
+        role = builders.role(exp)
+        k8s.rbac.create_namespaced_role(
+            namespace,
+            client.V1Role(metadata=client.V1ObjectMeta(name=role["metadata"]["name"])),
+        )
+        version = k8s.rbac.read_namespaced_role("own-trainer", namespace).metadata.resource_version
+        with pytest.raises(NameConflict):
+            kube.create_owned(role, exp.uid)
+        found = k8s.rbac.read_namespaced_role("own-trainer", namespace)
+        assert found.metadata.resource_version == version and not found.rules
+        assert kube.create_owned_all([role, account], exp.uid)[0].name == "own-trainer"
+    finally:
+        kube.close()
