@@ -102,7 +102,7 @@ tables them and tests/helm proves `kubectl auth can-i` grants nothing more.
   verbs: [get, create, patch]
 - apiGroups: ["", events.k8s.io]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [list, create, patch]
 {{- end -}}
 
 {{/* Rules that only exist cluster-wide. */}}
