@@ -448,6 +448,7 @@ def _suspend(step: _Step, status: Status, spec: ExperimentSpec) -> Plan:
             cond.Condition(api.COND_RUNNING, False, api.REASON_SUSPENDED, "suspended"),
         )
         conditions = step.clear(conditions, api.COND_RESTARTING, api.REASON_SUSPENDED, "suspended")
+        conditions = step.clear(conditions, api.COND_BLOCKED, api.REASON_SUSPENDED, "suspended")
         status = replace(status, conditions=conditions)
     status = replace(status, observed_generation=step.exp.generation)
     return Plan(status, events=events, delete_jobs=step.live_jobs(), spec=spec)

@@ -555,3 +555,11 @@ def test_a_job_deleted_by_someone_else_is_a_preemption_under_a_new_name(jobs, ex
 def test_a_suspension_forgets_the_jobs_uid():
     plan = decide(observe(running_status(), [job(0)], gang(1), suspend=True))
     assert plan.status.job_uid is None
+
+
+def test_a_suspended_experiment_is_no_longer_blocked():
+    blocked = decide(replace(observe(), blocked=NAME_CONFLICT))
+    status = blocked.status.patch_from(Status())
+    plan = decide(observe(status, suspend=True))
+    condition = find(plan.status.conditions, api.COND_BLOCKED)
+    assert (condition["status"], condition["reason"]) == ("False", api.REASON_SUSPENDED)
