@@ -26,6 +26,12 @@ BASE: dict[str, Any] = {
 
 DELETE = object()  # a change that removes the field
 TPU = {"type": "tpu", "tpu": {"type": "tpu-v5-lite-podslice", "topology": "4x4"}}
+NODE_TERM = {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]}
+POD_TERM = {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "kubernetes.io/hostname"}
+NODE_AFFINITY = "spec.affinity.nodeAffinity"
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+DIGEST = "sha256:" + "0123456789abcdef" * 4
 
 
 def with_changes(changes: dict[str, Any], base: dict[str, Any] = BASE) -> dict[str, Any]:
@@ -49,7 +55,12 @@ class BadManifest(NamedTuple):
     field: str  # the field path the refusal must name
 
 
-def ids(cases: list[BadManifest]) -> list[str]:
+class GoodManifest(NamedTuple):
+    case: str  # the test id
+    changes: dict[str, Any]  # applied to BASE by `with_changes`
+
+
+def ids(cases: list) -> list[str]:
     return [c.case for c in cases]
 
 
@@ -165,7 +176,7 @@ BAD_MANIFESTS = [
     BadManifest("negative seed", {"spec.seed": -1}, "spec.seed"),
     BadManifest(
         "claim with a gs:// location",
-        {"spec.checkpoint": {"location": "gs://b/x", "volumeClaimName": "c"}},
+        {"spec.checkpoint": {"location": "gs://bucket/x", "volumeClaimName": "c"}},
         "spec.checkpoint.volumeClaimName",
     ),
     BadManifest(
@@ -177,4 +188,505 @@ BAD_MANIFESTS = [
     BadManifest("name too long", {"metadata.name": "x" * 53}, "metadata.name"),
     BadManifest("name not a DNS label", {"metadata.name": "1st.run"}, "metadata.name"),
     BadManifest("name with capitals", {"metadata.name": "Bad_Name"}, "metadata.name"),
+    BadManifest("name with a trailing newline", {"metadata.name": "ok\n"}, "metadata.name"),
+]
+
+
+def _bad(field: str, cases: dict[str, dict[str, Any]]) -> list[BadManifest]:
+    """Several refusals of one field: {test id: changes}."""
+    return [BadManifest(case, changes, field) for case, changes in cases.items()]
+
+
+def _tpu(topology: str, chips_per_host: int = 4) -> dict[str, Any]:
+    tpu = {"type": "t", "topology": topology, "chipsPerHost": chips_per_host}
+    return {"spec.accelerator": {"type": "tpu", "tpu": tpu}}
+
+
+def _limits(**limits: Any) -> dict[str, Any]:
+    return {"spec.resources": {"limits": limits}}
+
+
+def _annotation(key: str) -> dict[str, Any]:
+    return {"spec.podAnnotations": {key: "x"}}
+
+
+def _ga(pop: int, **ec: Any) -> dict[str, Any]:
+    return {"spec.algorithm": {"name": "ga", "ec": ec}, "spec.population.size": pop}
+
+
+# The attacker's list (issue 12): each was admitted and failed only later, in the operator, the
+# Job, the pod or the trainer.
+BAD_MANIFESTS += [
+    # Gangs: hosts however derived, and no CEL integer overflow on a huge topology.
+    *_bad(
+        "spec.accelerator.tpu.topology",
+        {
+            "65536 hosts from a topology": _tpu("256x256", 1),
+            "topology dimension that overflows": _tpu("9999999999x9999999999"),
+            "topology dimension of 1000": _tpu("1000x2"),
+            "topology of four dimensions": _tpu("2x2x2x2"),
+            "topology with a trailing newline": _tpu("4x4\n"),
+        },
+    ),
+    # Resources.
+    *_bad(
+        "spec.resources.limits.cpu",
+        {
+            "negative quantity": _limits(cpu="-1"),
+            "negative integer quantity": _limits(cpu=-2),
+            "quantity with a trailing newline": _limits(cpu="1\n"),
+            "quantity with a fractional exponent": _limits(cpu="1e1.5"),
+        },
+    ),
+    *_bad(
+        "spec.resources.limits",
+        {
+            "unqualified resource name": _limits(gpus="1"),
+            "resource name with a space": _limits(**{"example.com/a b": "1"}),
+            "tpu in resources": _limits(**{"google.com/tpu": "4"}),
+            "kubernetes.io resource name": _limits(**{"kubernetes.io/foo": "1"}),
+        },
+    ),
+    *_bad(
+        "spec.resources.requests",
+        {
+            "gpu in requests": {"spec.resources": {"requests": {"nvidia.com/gpu": 1}}},
+            "request above limit": {
+                "spec.resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1500m"}}
+            },
+            "binary request above decimal limit": {
+                "spec.resources": {"requests": {"memory": "1.5Gi"}, "limits": {"memory": "1G"}}
+            },
+            "request above limit by a nano": {
+                "spec.resources": {"requests": {"cpu": "1000000001n"}, "limits": {"cpu": 1}}
+            },
+        },
+    ),
+    # Affinity: typed, no unknown fields.
+    BadManifest(
+        "misspelled affinity key",
+        {"spec.affinity": {"nodeAfinity": {}}},
+        "spec.affinity.nodeAfinity",
+    ),
+    BadManifest(
+        "misspelled node selector term key",
+        {NODE_AFFINITY: {REQUIRED: {"nodeSelectorTerms": [{"matchExpresions": []}]}}},
+        f"{NODE_AFFINITY}.{REQUIRED}.nodeSelectorTerms[0].matchExpresions",
+    ),
+    BadManifest(
+        "affinity weight zero",
+        {NODE_AFFINITY: {PREFERRED: [{"weight": 0, "preference": NODE_TERM}]}},
+        f"{NODE_AFFINITY}.{PREFERRED}[0].weight",
+    ),
+    BadManifest(
+        "affinity weight above 100",
+        {
+            "spec.affinity.podAntiAffinity": {
+                PREFERRED: [{"weight": 101, "podAffinityTerm": POD_TERM}]
+            }
+        },
+        f"spec.affinity.podAntiAffinity.{PREFERRED}[0].weight",
+    ),
+    BadManifest(
+        "unknown node selector operator",
+        {
+            NODE_AFFINITY: {
+                REQUIRED: {
+                    "nodeSelectorTerms": [{"matchExpressions": [{"key": "a", "operator": "Is"}]}]
+                }
+            }
+        },
+        f"{NODE_AFFINITY}.{REQUIRED}.nodeSelectorTerms[0].matchExpressions[0].operator",
+    ),
+    BadManifest(
+        "In without values",
+        {
+            NODE_AFFINITY: {
+                REQUIRED: {
+                    "nodeSelectorTerms": [{"matchExpressions": [{"key": "a", "operator": "In"}]}]
+                }
+            }
+        },
+        f"{NODE_AFFINITY}.{REQUIRED}.nodeSelectorTerms[0].matchExpressions[0].values",
+    ),
+    BadManifest(
+        "pod affinity without topologyKey",
+        {"spec.affinity.podAffinity": {REQUIRED: [{"labelSelector": {"matchLabels": {"a": "b"}}}]}},
+        f"spec.affinity.podAffinity.{REQUIRED}[0].topologyKey",
+    ),
+    # Pod labels and annotations: qualified keys, no reserved ones.
+    *_bad(
+        "spec.podLabels",
+        {
+            f"reserved label {key}": {"spec.podLabels": {key: "x"}}
+            for key in (
+                "job-name",
+                "controller-uid",
+                "batch.kubernetes.io/job-completion-index",
+                "app.kubernetes.io/name",
+                "kubernetes.io/metadata.name",
+                "node.k8s.io/x",
+                "evokube.io/experiment",
+                "x.evokube.io/y",
+            )
+        },
+    ),
+    BadManifest("label key with a newline", {"spec.podLabels": {"team\n": "a"}}, "spec.podLabels"),
+    BadManifest(
+        "label value with a newline", {"spec.podLabels": {"team": "a\n"}}, "spec.podLabels.team"
+    ),
+    *_bad(
+        "spec.podAnnotations",
+        {
+            "bad annotation key": _annotation("no spaces/x y"),
+            "apparmor annotation": _annotation(
+                "container.apparmor.security.beta.kubernetes.io/trainer"
+            ),
+            "seccomp annotation": _annotation("seccomp.security.alpha.kubernetes.io/pod"),
+            "evokube annotation": _annotation("evokube.io/manifest"),
+            "too many annotations": {"spec.podAnnotations": {f"a{i}": "x" for i in range(33)}},
+        },
+    ),
+    BadManifest(
+        "annotation value too long",
+        {"spec.podAnnotations": {"a": "x" * 2049}},
+        "spec.podAnnotations.a",
+    ),
+    # Priority.
+    *_bad(
+        "spec.priorityClassName",
+        {
+            "system-node-critical": {"spec.priorityClassName": "system-node-critical"},
+            "system-cluster-critical": {"spec.priorityClassName": "system-cluster-critical"},
+        },
+    ),
+    # Tolerations.
+    *_bad(
+        "spec.tolerations[0].key",
+        {
+            "toleration of every taint": {"spec.tolerations": [{"operator": "Exists"}]},
+            "empty toleration key": {"spec.tolerations": [{"key": "", "operator": "Exists"}]},
+            "taint key with a space": {"spec.tolerations": [{"key": "a b", "operator": "Exists"}]},
+            "control-plane taint": {
+                "spec.tolerations": [
+                    {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}
+                ]
+            },
+            "node condition taint": {
+                "spec.tolerations": [
+                    {"key": "node.kubernetes.io/unschedulable", "operator": "Exists"}
+                ]
+            },
+        },
+    ),
+    BadManifest(
+        "tolerationSeconds without NoExecute",
+        {"spec.tolerations": [{"key": "k", "effect": "NoSchedule", "tolerationSeconds": 5}]},
+        "spec.tolerations[0].tolerationSeconds",
+    ),
+    BadManifest(
+        "tolerationSeconds above a week",
+        {"spec.tolerations": [{"key": "k", "effect": "NoExecute", "tolerationSeconds": 604801}]},
+        "spec.tolerations[0].tolerationSeconds",
+    ),
+    BadManifest(
+        "toleration value with Exists",
+        {"spec.tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]},
+        "spec.tolerations[0].value",
+    ),
+    # Checkpoint location.
+    *_bad(
+        "spec.checkpoint.location",
+        {
+            f"checkpoint location {location!r}": {"spec.checkpoint": {"location": location}}
+            for location in (
+                "/",
+                "relative/ckpt",
+                "/data/../etc",
+                "/data/./x",
+                "/data//x",
+                "/data/",
+                "/etc/evokube",
+                "/etc",
+                "/proc/1",
+                "/sys",
+                "/dev/shm",
+                "/usr/local/x",
+                "/bin",
+                "/sbin/x",
+                "/lib64/x",
+                "/boot",
+                "/run/x",
+                "/var/run/secrets",
+                "/tmp",
+                "/tmp/x",
+                "/ckpt\n",
+                "/with space",
+                "gs://b",
+                "gs://bucket//x",
+                "s3://bucket/x",
+                "/" + "a" * 512,
+            )
+        },
+    ),
+    # Integers that overflow later (operator datetimes, trainer int32 counters).
+    *[
+        BadManifest(f"{field} too large", {field: value}, field)
+        for field, value in {
+            "spec.activeDeadlineSeconds": 2**63 - 1,
+            "spec.ttlSecondsAfterFinished": 315360001,
+            "spec.stopping.maxWallClockSeconds": 2**62,
+            "spec.stopping.maxGenerations": 2**31,
+            "spec.stopping.maxEnvSteps": 2**31,
+            "spec.algorithm.rl.replayCapacity": 10**9,
+            "spec.algorithm.rl.batchSize": 65537,
+            "spec.algorithm.rl.warmupSteps": 10**8 + 1,
+            "spec.algorithm.rl.updatesPerGeneration": 10**6 + 1,
+            "spec.algorithm.rl.numAgents": 1025,
+            "spec.algorithm.rl.actorUpdateInterval": 10**6 + 1,
+            "spec.environment.episodeLength": 100001,
+            "spec.environment.episodesPerEvaluation": 1001,
+            "spec.environment.actionRepeat": 1001,
+            "spec.evaluation.episodes": 1001,
+            "spec.checkpoint.keep": 101,
+            "spec.distributed.initializationTimeoutSeconds": 86401,
+        }.items()
+    ],
+    BadManifest(
+        "more than 1e9 agent steps per generation",
+        {
+            "spec.population.size": 65536,
+            "spec.environment.episodesPerEvaluation": 20,
+            "spec.environment.episodeLength": 1000,
+        },
+        "spec.population.size",
+    ),
+    BadManifest("seed of 2^32", {"spec.seed": 2**32}, "spec.seed"),
+    # Algorithm constraints the trainer enforces.
+    BadManifest(
+        "GA elites equal to the population", _ga(8, numElites=8), "spec.algorithm.ec.numElites"
+    ),
+    BadManifest(
+        "erl-ga elites above the population",
+        {
+            "spec.algorithm": {"name": "erl-ga", "rl": {"numAgents": 2}, "ec": {"numElites": 9}},
+        },
+        "spec.algorithm.ec.numElites",
+    ),
+    BadManifest(
+        "tournament larger than the population",
+        _ga(8, tournamentSize=9),
+        "spec.algorithm.ec.tournamentSize",
+    ),
+    *_bad(
+        "spec.population.size",
+        {
+            "openes with an odd population": {
+                "spec.algorithm": {"name": "openes"},
+                "spec.population.size": 7,
+            },
+            "ars with an odd population": {
+                "spec.algorithm": {"name": "ars"},
+                "spec.population.size": 7,
+            },
+            "mirrored sep-cem with an odd population": {
+                "spec.algorithm": {"name": "sep-cem", "ec": {"mirrored": True}},
+                "spec.population.size": 7,
+            },
+        },
+    ),
+    BadManifest(
+        "learning rate for CMA-ES",
+        {"spec.algorithm": {"name": "cma-es", "ec": {"learningRate": 0.1}}},
+        "spec.algorithm.ec.learningRate",
+    ),
+    BadManifest("mirrored for GA", _ga(8, mirrored=True), "spec.algorithm.ec.mirrored"),
+    BadManifest(
+        "elite fraction for openes",
+        {"spec.algorithm": {"name": "openes", "ec": {"eliteFraction": 0.5}}},
+        "spec.algorithm.ec.eliteFraction",
+    ),
+    # Environments.
+    *_bad(
+        "spec.environment.name",
+        {
+            "brax/..": {"spec.environment.name": "brax/.."},
+            "env not in gymnax": {"spec.environment.name": "gymnax/NoSuchEnv-v0"},
+            "env not in brax": {"spec.environment.name": "brax/pong"},
+            "discrete env for an RL hybrid": {"spec.environment.name": "gymnax/CartPole-v1"},
+        },
+    ),
+    BadManifest(
+        "backend for a gymnax env", {"spec.environment.backend": "mjx"}, "spec.environment.backend"
+    ),
+    # Images.
+    *_bad(
+        "spec.image",
+        {
+            f"image {image!r}": {"spec.image": image}
+            for image in (
+                "   ",
+                "trainer:1; rm -rf /",
+                "trainer:1 ",
+                "trainer:1\n",
+                "Trainer:1",
+                "trainer:",
+                "trainer@sha256:abc",
+                "$(id)",
+                "a" * 513,
+            )
+        },
+    ),
+]
+
+
+# Edge cases both gates must ADMIT, so that they agree on acceptance as well as refusal.
+GOOD_MANIFESTS = [
+    GoodManifest(
+        "largest allowed integers",
+        {
+            "spec.seed": 2**32 - 1,
+            "spec.activeDeadlineSeconds": 315360000,
+            "spec.ttlSecondsAfterFinished": 315360000,
+            "spec.stopping": {
+                "maxGenerations": 10**9,
+                "maxEnvSteps": 10**9,
+                "maxWallClockSeconds": 315360000,
+            },
+            "spec.algorithm.rl": {
+                "numAgents": 8,
+                "replayCapacity": 10**8,
+                "batchSize": 65536,
+                "warmupSteps": 10**8,
+                "updatesPerGeneration": 10**6,
+            },
+            "spec.environment.episodeLength": 100000,
+            "spec.checkpoint.keep": 100,
+            "spec.distributed": {
+                "initializationTimeoutSeconds": 86400,
+                "heartbeatTimeoutSeconds": 86400,
+            },
+        },
+    ),
+    GoodManifest(
+        "4096 TPU hosts",
+        {"spec.accelerator": _tpu("64x64", 1)["spec.accelerator"], "spec.population.size": 4096},
+    ),
+    GoodManifest(
+        "typed affinity",
+        {
+            "spec.affinity": {
+                "nodeAffinity": {
+                    REQUIRED: {
+                        "nodeSelectorTerms": [
+                            NODE_TERM,
+                            {
+                                "matchExpressions": [
+                                    {"key": "cores", "operator": "Gt", "values": ["4"]}
+                                ]
+                            },
+                        ]
+                    },
+                    PREFERRED: [{"weight": 100, "preference": NODE_TERM}],
+                },
+                "podAffinity": {REQUIRED: [POD_TERM]},
+                "podAntiAffinity": {
+                    PREFERRED: [
+                        {
+                            "weight": 1,
+                            "podAffinityTerm": {
+                                **POD_TERM,
+                                "labelSelector": {
+                                    "matchExpressions": [{"key": "app", "operator": "Exists"}]
+                                },
+                                "namespaces": ["team-a"],
+                            },
+                        }
+                    ]
+                },
+            }
+        },
+    ),
+    GoodManifest(
+        "kueue labels and benign annotations",
+        {
+            "spec.podLabels": {"kueue.x-k8s.io/queue-name": "q", "team": "a", "example.com/x": ""},
+            "spec.podAnnotations": {
+                "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
+                "example.com/note": "any text\nwith lines",
+            },
+        },
+    ),
+    GoodManifest("gs:// location", {"spec.checkpoint": {"location": "gs://my-bucket/runs/a_1"}}),
+    GoodManifest("gs:// bucket root", {"spec.checkpoint": {"location": "gs://my-bucket"}}),
+    GoodManifest(
+        "claim at a path like a system one",
+        {"spec.checkpoint": {"location": "/etcetera/ckpt", "volumeClaimName": "c"}},
+    ),
+    GoodManifest("checkpoint under /var", {"spec.checkpoint": {"location": "/var/ckpt"}}),
+    GoodManifest(
+        "resources within their limits",
+        {
+            "spec.resources": {
+                "requests": {"cpu": "500m", "memory": "1Gi", "example.com/fpga": 1},
+                "limits": {
+                    "cpu": 1,
+                    "memory": "1Gi",
+                    "example.com/fpga": 1,
+                    "hugepages-2Mi": "4Mi",
+                    "ephemeral-storage": "1.5e9",
+                },
+            }
+        },
+    ),
+    GoodManifest(
+        "requests that round to their limit",
+        {
+            "spec.resources": {
+                "requests": {"cpu": "0.0000000002"},
+                "limits": {"cpu": "0.0000000001"},
+            }
+        },
+    ),
+    GoodManifest(
+        "binary requests capped at their limit",
+        {"spec.resources": {"requests": {"memory": "99999Ei"}, "limits": {"memory": "9999Ei"}}},
+    ),
+    GoodManifest(
+        "tolerations",
+        {
+            "spec.tolerations": [
+                {
+                    "key": "node.kubernetes.io/not-ready",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 604800,
+                },
+                {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true"},
+                {"key": "dedicated", "value": "ml", "effect": "NoSchedule"},
+            ]
+        },
+    ),
+    GoodManifest("priority class", {"spec.priorityClassName": "high-priority"}),
+    GoodManifest(
+        "image with registry port and digest",
+        {"spec.image": f"localhost:5000/evokube/trainer-cpu:0.1.0@{DIGEST}"},
+    ),
+    GoodManifest("image by digest", {"spec.image": f"ghcr.io/evokube/trainer__cpu@{DIGEST}"}),
+    GoodManifest(
+        "openes without mirroring, odd population",
+        {
+            "spec.algorithm": {"name": "openes", "ec": {"mirrored": False}},
+            "spec.population.size": 7,
+        },
+    ),
+    GoodManifest("GA keeping all but one", _ga(8, numElites=7, tournamentSize=8)),
+    GoodManifest(
+        "brax with a backend",
+        {"spec.environment": {"name": "brax/inverted_pendulum", "backend": "positional"}},
+    ),
+    GoodManifest(
+        "discrete env for an EC algorithm",
+        {"spec.algorithm": {"name": "cma-es"}, "spec.environment.name": "gymnax/CartPole-v1"},
+    ),
 ]

@@ -1,38 +1,40 @@
-"""Offline validation: the CRD's schema and CEL rules plus the trainer's semantic rules."""
+"""Offline validation: the CRD's schema and CEL rules, applied by `evokube validate`."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from fractions import Fraction
+from pathlib import Path
 
 import pytest
 import yaml
 
 from evokube_trainer import cli
+from evokube_trainer.envs import BRAX_ENVS, GYMNAX_ENVS, Discrete, GymnaxEnv
 from evokube_trainer.runtime import exitcodes, manifest
-from evokube_trainer.runtime.config import to_run_config
+from evokube_trainer.runtime.config import _EC_FIELDS, ALGORITHMS, to_run_config
 from evokube_trainer.workflows import CEMRLConfig, ECConfig, ERLConfig
-from tests.bad_manifests import BAD_MANIFESTS, BASE, DELETE, BadManifest, ids, with_changes
+from tests.bad_manifests import (
+    BAD_MANIFESTS,
+    BASE,
+    DELETE,
+    GOOD_MANIFESTS,
+    BadManifest,
+    ids,
+    with_changes,
+)
 
-# Only the trainer refuses these, so they are not in the shared list: the API server answers a
-# wrong apiVersion or kind with "no matches for kind" before any validation, naming no field, and
-# it admits the rest, which are the trainer's semantic rules (`to_run_config`), not the CRD's.
+REPO = Path(__file__).resolve().parents[2]
+EVOKUBE = str(Path(sys.executable).parent / "evokube")
+EVOKUBE_TRAIN = str(Path(sys.executable).parent / "evokube-train")
+
+# Only the trainer refuses these: the API server answers a wrong apiVersion or kind with "no
+# matches for kind" before any validation, naming no field.
 TRAINER_ONLY = [
     BadManifest("wrong apiVersion", {"apiVersion": "evokube.io/v1"}, "apiVersion"),
     BadManifest("wrong kind", {"kind": "Experiment"}, "kind"),
-    BadManifest(
-        "learning rate for CMA-ES",
-        {"spec.algorithm": {"name": "cma-es", "ec": {"learningRate": 0.1}}},
-        "spec.algorithm.ec.learningRate",
-    ),
-    BadManifest(
-        "env not in gymnax",
-        {"spec.environment.name": "gymnax/NoSuchEnv-v0"},
-        "spec.environment.name",
-    ),
-    BadManifest(
-        "discrete env for an RL hybrid",
-        {"spec.environment.name": "gymnax/CartPole-v1"},
-        "spec.environment.name",
-    ),
-    BadManifest(
-        "unknown env backend", {"spec.environment.backend": "mjx"}, "spec.environment.backend"
-    ),
 ]
 BAD = BAD_MANIFESTS + TRAINER_ONLY
 
@@ -48,7 +50,7 @@ def test_the_base_manifest_is_valid_and_maps_to_each_workflow_type():
 
 
 def test_object_metadata_beyond_the_name_is_the_api_servers_and_allowed():
-    # The operator's pod annotation carries metadata.namespace; users' files carry labels.
+    # The operator's ConfigMap carries metadata.namespace; users' files carry labels.
     doc = with_changes({"metadata": {"name": "ok", "namespace": "team-a", "labels": {"a": "b"}}})
     assert manifest.check(doc)[1] == []
 
@@ -66,14 +68,21 @@ def test_defaults_come_from_the_crd():
 @pytest.mark.parametrize(("changes", "field"), [(c.changes, c.field) for c in BAD], ids=ids(BAD))
 def test_bad_manifests_fail_validate_and_run_naming_the_field(tmp_path, capsys, changes, field):
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(with_changes(changes)))
+    path.write_text(json.dumps(with_changes(changes)))  # JSON is YAML
     runs = tmp_path / "runs"
 
     assert cli.main(["validate", str(path)]) == exitcodes.PERMANENT
-    assert f"{field}:" in capsys.readouterr().err
+    assert f"  {field}:" in capsys.readouterr().err
     assert cli.main(["run", str(path), "--runs-dir", str(runs)]) == exitcodes.PERMANENT
-    assert f"{field}:" in capsys.readouterr().err
+    assert f"  {field}:" in capsys.readouterr().err
     assert not runs.exists()  # nothing written
+
+
+@pytest.mark.parametrize("changes", [c.changes for c in GOOD_MANIFESTS], ids=ids(GOOD_MANIFESTS))
+def test_edge_cases_the_api_server_admits_are_valid(tmp_path, changes):
+    path = tmp_path / "good.yaml"
+    path.write_text(json.dumps(with_changes(changes)))  # JSON is YAML
+    assert cli.main(["validate", str(path)]) == exitcodes.SUCCESS
 
 
 def test_every_error_is_reported_at_once(tmp_path, capsys):
@@ -97,8 +106,208 @@ def test_unreadable_files_are_reported(tmp_path, capsys):
 
 
 def test_shipped_examples_are_valid(capsys):
-    from pathlib import Path
-
-    examples = sorted(str(p) for p in (Path(__file__).parents[2] / "examples").glob("*.yaml"))
+    examples = sorted(str(p) for p in (REPO / "examples").glob("*.yaml"))
     assert examples
     assert cli.main(["validate", *examples]) == exitcodes.SUCCESS
+
+
+# -- hostile files: `evokube validate` answers 78 with one line, quickly, never a traceback ------
+def _billion_laughs() -> str:
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    return "\n".join(lines) + "\nspec: *a9\n"
+
+
+HOSTILE: dict[str, tuple[bytes | None, str]] = {
+    # name: (file contents; None for a directory, the reason reported on (file))
+    "billion laughs": (_billion_laughs().encode(), "anchors and aliases are not supported"),
+    "one anchor": (b"apiVersion: &v evokube.io/v1alpha1\n", "anchors and aliases"),
+    "deep nesting": (b"[" * 20000 + b"]" * 20000, "nesting depth"),
+    "deep block nesting": (
+        "".join(f"{' ' * i}k:\n" for i in range(200)).encode(),
+        "maximum nesting depth of 32",
+    ),
+    "invalid UTF-8": (b"apiVersion: \xff\xfe\n", "not UTF-8 text"),
+    "a directory": (None, "not a regular file"),
+    "over a MiB": (b"# " + b"x" * (1 << 20) + b"\n", "larger than 1048576 bytes"),
+    "an integer of 100000 digits": (b"spec: {seed: " + b"9" * 100000 + b"}\n", "(file):"),
+    "a python tag": (b"spec: !!python/object/apply:os.system [id]\n", "not valid YAML"),
+    "a NUL byte": (b"spec: \x00\n", "not valid YAML"),
+    "non-string keys": (
+        yaml.safe_dump({**BASE, 5: "x"}, sort_keys=False).encode(),
+        "keys must be strings",
+    ),
+    "NaN": (
+        yaml.safe_dump(with_changes({"spec.stopping.targetFitness": float("nan")})).encode(),
+        "spec.stopping.targetFitness: nan is not a JSON number",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_files_are_refused_with_one_line_quickly(tmp_path, name):
+    contents, reason = HOSTILE[name]
+    path = tmp_path / "hostile.yaml"
+    if contents is None:
+        path.mkdir()
+    else:
+        path.write_bytes(contents)
+    started = time.monotonic()
+    run = subprocess.run(
+        [EVOKUBE, "validate", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == exitcodes.PERMANENT, run.stderr
+    assert "Traceback" not in run.stderr
+    assert reason in run.stderr, run.stderr
+    lines = run.stderr.splitlines()
+    assert len(lines) == 2 and len(lines[1]) < 300, run.stderr  # the header and one reason
+    assert time.monotonic() - started < 30
+
+
+def test_special_files_are_not_read():
+    run = subprocess.run([EVOKUBE, "validate", "/dev/zero"], capture_output=True, text=True)
+    assert run.returncode == exitcodes.PERMANENT and "not a regular file" in run.stderr
+
+
+def test_timestamps_stay_strings_as_kubectl_sends_them():
+    # YAML 1.1 reads 2020-01-01 as a date; kubectl (JSON) sends the string, which is a valid label.
+    doc = with_changes({"spec.podLabels": {"release": "2020-01-01"}})
+    path_text = yaml.safe_dump(doc).replace("'2020-01-01'", "2020-01-01")
+    assert "release: 2020-01-01" in path_text
+    loaded = yaml.load(path_text, Loader=manifest._Loader)
+    assert manifest.check(loaded)[1] == []
+
+
+# -- Go semantics ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("pattern", "text", "matches"),
+    [
+        ("^a$", "a", True),
+        ("^a$", "a\n", False),  # Python's `$` would match before the newline
+        ("^[$]$", "$", True),
+        (r"^\$x$", "$x", True),
+        ("^a$|^b", "b\n", True),
+        (r"^\w+$", "é", False),  # RE2's classes are ASCII
+    ],
+)
+def test_regular_expressions_have_go_semantics(pattern, text, matches):
+    assert (manifest.go_regex(pattern).search(text) is not None) is matches
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("0", 0),
+        ("1", 1),
+        ("100m", Fraction(1, 10)),
+        ("1.5Gi", 3 * 2**29),
+        ("1G", 10**9),
+        ("1e3", 1000),
+        ("1E-3", Fraction(1, 1000)),
+        ("+2k", 2000),
+        ("-1", -1),
+        (".5", Fraction(1, 2)),
+        ("5.", 5),
+        ("0.0000000001", Fraction(1, 10**9)),  # rounded up to 1n, as resource.Quantity does
+        ("-0.0000000001", Fraction(-1, 10**9)),
+        ("99999Ei", 2**63 - 1),  # binary quantities are capped at 2^63-1
+        ("1000000000000000000000", 10**21),  # decimal ones are not
+    ],
+)
+def test_quantities_have_kubernetes_values(text, value):
+    assert manifest.parse_quantity(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "lots", "1e1.5", "1Ki5", "1 ", "1\n", "- 1", "1e", "1KiB"])
+def test_invalid_quantities_are_not_quantities(text):
+    assert manifest.parse_quantity(text) is None
+
+
+# -- the CRD agrees with the trainer's own registries -----------------------------------------
+def _spec_schema() -> dict:
+    return manifest.crd_schema()["properties"]["spec"]["properties"]
+
+
+def test_the_crds_environments_are_the_trainers():
+    listed = set(_spec_schema()["environment"]["properties"]["name"]["enum"])
+    assert listed == {f"gymnax/{e}" for e in GYMNAX_ENVS} | {f"brax/{e}" for e in BRAX_ENVS}
+
+
+@pytest.mark.parametrize("env_id", GYMNAX_ENVS)
+def test_rl_hybrids_are_refused_exactly_the_discrete_action_envs(env_id):
+    discrete = isinstance(GymnaxEnv.create(env_id).action_space, Discrete)
+    for algorithm in ("erl-ga", "cem-rl"):
+        doc = with_changes(
+            {
+                "spec.algorithm": {"name": algorithm, "rl": {"numAgents": 2}},
+                "spec.environment.name": f"gymnax/{env_id}",
+            }
+        )
+        paths = [e.path for e in manifest.check(doc)[1]]
+        assert paths == (["spec.environment.name"] if discrete else []), (algorithm, env_id)
+
+
+EC_VALUES = {
+    "noiseStd": 0.1,
+    "learningRate": 0.01,
+    "weightDecay": 0.001,
+    "eliteFraction": 0.5,
+    "mirrored": False,
+    "numElites": 1,
+    "tournamentSize": 3,
+    "mutationStd": 0.1,
+    "mutationFraction": 0.5,
+    "crossover": "uniform",
+}
+
+
+def test_the_crd_refuses_exactly_the_ec_fields_an_algorithm_does_not_use():
+    assert set(_spec_schema()["algorithm"]["properties"]["ec"]["properties"]) == set(EC_VALUES)
+    assert set(_EC_FIELDS) == set(EC_VALUES)
+    for name, (optimizer, _) in ALGORITHMS.items():
+        for field, value in EC_VALUES.items():
+            algorithm = {"name": name, "ec": {field: value}}
+            if name in ("erl-ga", "cem-rl"):
+                algorithm["rl"] = {"numAgents": 2}
+            defaulted, errors = manifest.check(with_changes({"spec.algorithm": algorithm}))
+            used = optimizer in _EC_FIELDS[field]
+            assert [e.path for e in errors] == ([] if used else [f"spec.algorithm.ec.{field}"]), (
+                name,
+                field,
+            )
+            if used:
+                to_run_config(defaulted)  # and the trainer builds it
+
+
+def test_a_configuration_the_optimizer_refuses_is_a_manifest_error():
+    # The CRD refuses this; a manifest that slipped past it (an older CRD) still exits 78.
+    defaulted = manifest.check(
+        with_changes({"spec.algorithm": {"name": "ga"}, "spec.population.size": 8})
+    )[0]
+    defaulted["spec"]["algorithm"]["ec"] = {"numElites": 8}
+    with pytest.raises(manifest.ManifestError) as refused:
+        to_run_config(defaulted)
+    assert refused.value.errors[0].path == "spec.algorithm"
+    assert "num_elites" in str(refused.value)
+
+
+# -- the trainer's entry point: configuration errors are permanent (78), not retriable ---------
+def _train(tmp_path, changes: dict, **env: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "experiment.yaml"
+    path.write_text(json.dumps(with_changes(changes)))  # JSON is YAML
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "EVOKUBE_"))}
+    environ.update(EVOKUBE_MANIFEST=str(path), JAX_PLATFORMS="cpu", **env)
+    return subprocess.run([EVOKUBE_TRAIN], capture_output=True, text=True, env=environ, timeout=300)
+
+
+def test_the_trainer_exits_78_on_a_manifest_the_crd_refuses(tmp_path):
+    run = _train(tmp_path, {"spec.algorithm": {"name": "ga", "ec": {"numElites": 8}}})
+    assert run.returncode == exitcodes.PERMANENT, run.stderr[-2000:]
+    assert "spec.algorithm.ec.numElites" in run.stderr
+
+
+def test_the_trainer_exits_78_on_an_unwritable_checkpoint_directory(tmp_path):
+    # /sys refuses new directories even to root (EPERM or EROFS), as a read-only volume would.
+    run = _train(tmp_path, {}, EVOKUBE_CHECKPOINT_DIR="/sys/evokube-test-checkpoints")
+    assert run.returncode == exitcodes.PERMANENT, run.stderr[-2000:]
+    assert "spec.checkpoint.location: cannot write to /sys/evokube-test-checkpoints" in run.stderr

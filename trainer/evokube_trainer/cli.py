@@ -14,15 +14,20 @@ from evokube_trainer.runtime import exitcodes
 
 
 def _load(path: str):
-    """The defaulted manifest and its run config, or print every error and return None."""
+    """The defaulted manifest, or print every error and return None; never raises, since a
+    manifest file is untrusted input and a traceback is no answer."""
     from evokube_trainer.runtime import manifest
     from evokube_trainer.runtime.config import to_run_config
 
     try:
         loaded = manifest.load(path)
-        to_run_config(loaded)  # semantic rules
+        to_run_config(loaded)  # what the trainer itself would refuse
     except manifest.ManifestError as err:
         print(f"error: {err}", file=sys.stderr)
+        return None
+    except Exception as err:  # a bug here must still not crash on hostile input
+        reason = manifest.shorten(f"{type(err).__name__}: {err}", 200)
+        print(f"error: {manifest.shorten(path)}: could not be checked: {reason}", file=sys.stderr)
         return None
     return loaded
 

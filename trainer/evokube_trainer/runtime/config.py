@@ -2,9 +2,10 @@
 
 `to_run_config` maps the spec onto a workflow config (`ECConfig`, `ERLConfig`,
 `CEMRLConfig`) plus the run's own settings (stopping, checkpoints, metrics).
-It also holds the semantic rules the CRD cannot express (an environment that
-exists, hyperparameters the chosen algorithm uses, continuous actions for
-TD3); each is reported as a FieldError with its path.
+The CRD's rules (checked by `manifest.check`) already refuse every manifest
+the trainer cannot run; as a last line, anything the configs or the optimizer
+refuse while being built is reported as a ManifestError too, so the trainer
+exits 78 (permanent), not 75.
 """
 
 from __future__ import annotations
@@ -14,9 +15,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from evokube_trainer.agents import TD3Config
-from evokube_trainer.envs import BRAX_ENVS, GYMNAX_ENVS
 from evokube_trainer.runtime.manifest import FieldError, ManifestError
-from evokube_trainer.workflows import CEMRLConfig, ECConfig, EnvConfig, ERLConfig, ReplayConfig
+from evokube_trainer.workflows import (
+    CEMRLConfig,
+    ECConfig,
+    EnvConfig,
+    ERLConfig,
+    ReplayConfig,
+    make_optimizer,
+)
 
 # algorithm name in the CRD -> (optimizer registered in workflows, workflow config class)
 ALGORITHMS: Mapping[str, tuple[str, type]] = {
@@ -30,8 +37,6 @@ ALGORITHMS: Mapping[str, tuple[str, type]] = {
     "erl-ga": ("ga", ERLConfig),
     "cem-rl": ("sep_cem", CEMRLConfig),
 }
-# Discrete-action gymnax envs: TD3 cannot act in them.
-DISCRETE_ENVS = frozenset({"CartPole-v1", "Acrobot-v1"})
 
 
 def _elites(fraction: float, pop: int) -> int:
@@ -39,7 +44,7 @@ def _elites(fraction: float, pop: int) -> int:
 
 
 # spec.algorithm.ec field -> optimizer -> (keyword, converter(value, pop_size)).
-# A field set for an optimizer that has no entry is an error, not silently ignored.
+# The CRD refuses a field set for an algorithm whose optimizer has no entry here.
 _EC_FIELDS: Mapping[str, Mapping[str, tuple[str, Callable[[Any, int], Any]]]] = {
     "noiseStd": {
         "open_es": ("sigma", lambda v, _: v),
@@ -99,22 +104,6 @@ class RunConfig:
     hosts: int
 
 
-def _env_errors(env: Mapping[str, Any]) -> list[FieldError]:
-    backend, _, env_id = env["name"].partition("/")
-    known = GYMNAX_ENVS if backend == "gymnax" else BRAX_ENVS
-    errors = []
-    if env_id not in known:
-        errors.append(
-            FieldError(
-                "spec.environment.name",
-                f"unknown {backend} environment {env_id!r}; known: {', '.join(sorted(known))}",
-            )
-        )
-    if "backend" in env and backend != "brax":
-        errors.append(FieldError("spec.environment.backend", "only Brax environments have one"))
-    return errors
-
-
 def _ec_options(algorithm: Mapping[str, Any], optimizer: str, pop: int, errors: list) -> dict:
     options = {}
     for field, value in (algorithm.get("ec") or {}).items():
@@ -151,22 +140,25 @@ def _td3(rl: Mapping[str, Any], hidden: list[int]) -> TD3Config:
 
 
 def to_run_config(manifest: Mapping[str, Any]) -> RunConfig:
-    """Map a defaulted, schema-valid manifest; raise ManifestError on semantic errors."""
+    """Map a defaulted, valid manifest; raise ManifestError where the trainer refuses it."""
+    try:
+        return _run_config(manifest)
+    except (ValueError, TypeError) as err:
+        if isinstance(err, ManifestError):
+            raise
+        error = FieldError("spec.algorithm", f"the trainer refuses this configuration: {err}")
+        raise ManifestError([error], manifest["metadata"]["name"]) from err
+
+
+def _run_config(manifest: Mapping[str, Any]) -> RunConfig:
     spec = manifest["spec"]
     algorithm, env, pop = spec["algorithm"], spec["environment"], spec["population"]["size"]
-    errors = _env_errors(env)
+    errors: list[FieldError] = []
     optimizer, config_type = ALGORITHMS[algorithm["name"]]
     options = _ec_options(algorithm, optimizer, pop, errors)
-    env_id = env["name"].partition("/")[2]
-    if config_type is not ECConfig and env_id in DISCRETE_ENVS:
-        errors.append(
-            FieldError(
-                "spec.environment.name",
-                f"{algorithm['name']} needs continuous actions; {env_id} has discrete ones",
-            )
-        )
     if errors:
         raise ManifestError(errors, manifest["metadata"]["name"])
+    make_optimizer(optimizer, pop, 1, options)  # raises now what it would raise in training
 
     env_config = EnvConfig(
         name=env["name"],

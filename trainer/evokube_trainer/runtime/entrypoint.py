@@ -9,9 +9,11 @@ to do next: 0 done, 75 restart from checkpoint, 78 give up.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
+import tempfile
 
 from evokube_trainer.runtime import exitcodes
 
@@ -64,6 +66,9 @@ def _run(log: logging.Logger) -> int:
     except manifest.ManifestError as err:
         log.error("%s", err)
         return exitcodes.PERMANENT
+    checkpoint_dir = os.environ.get("EVOKUBE_CHECKPOINT_DIR") or config.checkpoint_location
+    if checkpoint_dir:
+        check_checkpoint_dir(checkpoint_dir)
     process_id = group.process_id if group else 0
     name = os.environ.get("EVOKUBE_EXPERIMENT", config.name)
     namespace = os.environ.get("EVOKUBE_NAMESPACE", config.namespace)
@@ -77,7 +82,7 @@ def _run(log: logging.Logger) -> int:
     try:
         outcome = train(
             config,
-            checkpoint_dir=os.environ.get("EVOKUBE_CHECKPOINT_DIR") or config.checkpoint_location,
+            checkpoint_dir=checkpoint_dir,
             metrics_port=int(os.environ.get("EVOKUBE_METRICS_PORT", config.metrics_port)),
             status_reporter=reporter,
             recorders=[history] if history else [],
@@ -88,6 +93,28 @@ def _run(log: logging.Logger) -> int:
             history.close()
     log.info("stopped at generation %d: %s", outcome.generation, outcome.reason)
     return outcome.exit_code
+
+
+# A checkpoint directory failing with these will fail the same way after a restart.
+_PERMANENT_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def check_checkpoint_dir(path: str) -> None:
+    """Create a local checkpoint directory and write a probe file there; raise PermanentError when
+    that is refused (permissions, a read-only filesystem), since every restart would be too.
+    Other errors (a full disk, I/O) may pass and stay retriable; gs:// is Orbax's to check."""
+    if path.startswith("gs://"):
+        return
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".evokube-probe-"):
+            pass
+    except OSError as err:
+        if err.errno in _PERMANENT_ERRNOS:
+            raise exitcodes.PermanentError(
+                f"spec.checkpoint.location: cannot write to {path}: {err.strerror}"
+            ) from err
+        raise
 
 
 if __name__ == "__main__":

@@ -6,17 +6,29 @@ fields refused, as `kubectl apply` does by default) and the CEL rules in
 `x-kubernetes-validations`. Rules that compare with the old object
 (`oldSelf`) only apply to updates and are skipped here. Every error names the
 field path it is about, so `evokube validate` can report all of them at once.
+
+Where Python and the API server (Go) differ, this module follows Go: regular
+expressions (`pattern`, CEL `matches()`) have RE2's meaning of `$` (end of
+text, not before a final newline) and ASCII classes, and CEL's Kubernetes
+`quantity()` library is implemented here with `resource.Quantity` semantics.
+Manifest files are hostile input: their size, nesting and YAML features are
+bounded before anything is built from them, and every problem with a file is
+reported as an error on `(file)`, never raised.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import math
+import os
 import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import celpy
 import jsonschema
@@ -26,6 +38,10 @@ from celpy import celtypes
 API_VERSION = "evokube.io/v1alpha1"
 KIND = "ERLExperiment"
 CRD_FILE = "erlexperiments.evokube.io.yaml"
+MAX_FILE_BYTES = 1 << 20  # a manifest is a few KiB
+MAX_DEPTH = 32  # nesting of mappings and sequences; the deepest field (affinity) needs 11
+MAX_REPORTED = 50  # errors listed per file
+MAX_SHOWN = 120  # characters of a value or message shown in an error
 
 
 @dataclass(frozen=True)
@@ -44,8 +60,15 @@ class ManifestError(ValueError):
 
     def __init__(self, errors: list[FieldError], source: str = "manifest"):
         self.errors = errors
-        lines = "\n".join(f"  {e}" for e in errors)
-        super().__init__(f"{source} is invalid ({len(errors)} error(s)):\n{lines}")
+        lines = [f"  {e}" for e in errors[:MAX_REPORTED]]
+        if len(errors) > MAX_REPORTED:
+            lines.append(f"  ... and {len(errors) - MAX_REPORTED} more")
+        super().__init__(f"{source} is invalid ({len(errors)} error(s)):\n" + "\n".join(lines))
+
+
+def shorten(text: str, limit: int = MAX_SHOWN) -> str:
+    """`text` cut to `limit` characters, so no message grows with the value it is about."""
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def crd_path() -> Path:
@@ -62,6 +85,83 @@ def crd_schema() -> dict:
     crd = yaml.safe_load(crd_path().read_text())
     (version,) = [v for v in crd["spec"]["versions"] if v.get("storage")]
     return version["schema"]["openAPIV3Schema"]
+
+
+# -- Go (RE2) regular expressions ---------------------------------------------
+@functools.cache
+def go_regex(pattern: str) -> re.Pattern:
+    """`pattern` compiled with Go's meaning: `$` is the end of the text, classes are ASCII."""
+    out, in_class, escaped = [], False, False
+    for char in pattern:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == "[":
+            in_class = True
+        elif char == "]":
+            in_class = False
+        elif char == "$" and not in_class:
+            char = r"\Z"
+        out.append(char)
+    return re.compile("".join(out), re.ASCII)
+
+
+# -- Kubernetes quantities (CEL's quantity library) -----------------------------
+_QUANTITY = re.compile(
+    r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?\Z",
+    re.ASCII,
+)
+_DECIMAL_SUFFIXES = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15}
+_DECIMAL_SUFFIXES["E"] = 18
+_BINARY_SUFFIXES = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_MAX_EXPONENT = 1000  # resource.Quantity's own limit is int32; this keeps Fraction arithmetic small
+_INT64_MAX = 2**63 - 1
+
+
+class Quantity(Fraction):
+    """A resource.Quantity's value: exact, non-zero magnitudes rounded up to a multiple of 1n,
+    binary-suffixed magnitudes capped at 2^63-1, as ParseQuantity does."""
+
+
+def parse_quantity(text: str) -> Quantity | None:
+    """The value of a Kubernetes quantity string, or None where ParseQuantity fails."""
+    match = _QUANTITY.match(text)
+    if not match:
+        return None
+    sign, number, suffix = match.group(1), match.group(2), match.group(3) or ""
+    value = Fraction(number)
+    if suffix in _BINARY_SUFFIXES:
+        value *= 2 ** _BINARY_SUFFIXES[suffix]
+        value = min(value, Fraction(_INT64_MAX))
+    else:
+        exponent = _DECIMAL_SUFFIXES.get(suffix)
+        if exponent is None:
+            exponent = int(suffix[1:])
+            if abs(exponent) > _MAX_EXPONENT:
+                return None
+        value *= Fraction(10) ** exponent
+    value = Fraction(math.ceil(value * 10**9), 10**9)
+    return Quantity(-value if sign == "-" else value)
+
+
+def _cel_is_quantity(text: celtypes.StringType) -> celtypes.BoolType:
+    return celtypes.BoolType(parse_quantity(str(text)) is not None)
+
+
+def _cel_quantity(text: celtypes.StringType) -> Quantity:
+    value = parse_quantity(str(text))
+    if value is None:
+        raise ValueError(f"invalid quantity {shorten(str(text))!r}")
+    return value
+
+
+def _cel_compare_to(a: Quantity, b: Quantity) -> celtypes.IntType:
+    return celtypes.IntType((a > b) - (a < b))
+
+
+def _cel_sign(a: Quantity) -> celtypes.IntType:
+    return celtypes.IntType((a > 0) - (a < 0))
 
 
 # -- defaults ----------------------------------------------------------------
@@ -97,6 +197,15 @@ def _to_jsonschema(schema: dict) -> dict:
     return out
 
 
+def _go_pattern(validator, pattern, instance, schema):
+    """jsonschema's `pattern` keyword with Go's regular expressions."""
+    if validator.is_type(instance, "string") and not go_regex(pattern).search(instance):
+        yield jsonschema.ValidationError(f"{shorten(repr(instance))} does not match {pattern!r}")
+
+
+_Validator = jsonschema.validators.extend(jsonschema.Draft4Validator, {"pattern": _go_pattern})
+
+
 def _dotted(parts) -> str:
     path = ""
     for p in parts:
@@ -104,26 +213,33 @@ def _dotted(parts) -> str:
     return path or "(root)"
 
 
-def _schema_errors(manifest: dict) -> list[FieldError]:
+# Schema errors after which the API server skips the CEL rules ("some validation rules were not
+# checked because the object was invalid"): its NotSupported, Required, TooLong, TooMany and
+# TypeInvalid field errors. After the others (pattern, minimum, ...) the rules still run.
+_BLOCKING = frozenset({"enum", "required", "maxLength", "maxItems", "maxProperties", "type"})
+
+
+def _schema_errors(manifest: dict) -> tuple[list[FieldError], bool]:
+    """The schema's errors, and whether any of them stops the API server running CEL rules."""
     schema = _to_jsonschema(crd_schema())
     # The API server owns ObjectMeta (namespace, labels, ...); the CRD only narrows `name`.
     schema["properties"]["metadata"]["additionalProperties"] = True
-    validator = jsonschema.Draft4Validator(schema)
-    errors = []
-    for err in validator.iter_errors(manifest):
+    errors, blocking = [], False
+    for err in _Validator(schema).iter_errors(manifest):
+        blocking = blocking or err.validator in _BLOCKING
         path = list(err.absolute_path)
         if err.validator == "additionalProperties":
             allowed = set(err.schema.get("properties", {}))
             for extra in sorted(set(err.instance) - allowed):
-                errors.append(FieldError(_dotted([*path, extra]), "unknown field"))
+                errors.append(FieldError(_dotted([*path, shorten(extra)]), "unknown field"))
             continue
         if err.validator == "required":
             missing = re.search(r"'([^']+)' is a required property", err.message)
             if missing:
                 errors.append(FieldError(_dotted([*path, missing.group(1)]), "required"))
                 continue
-        errors.append(FieldError(_dotted(path), err.message))
-    return errors
+        errors.append(FieldError(_dotted(path), shorten(err.message, 300)))
+    return errors, blocking
 
 
 # -- CEL rules ---------------------------------------------------------------
@@ -132,8 +248,19 @@ def _cel_split(text: celtypes.StringType, sep: celtypes.StringType) -> celtypes.
     return celtypes.ListType([celtypes.StringType(s) for s in str(text).split(str(sep))])
 
 
+def _cel_matches(text: celtypes.StringType, pattern: celtypes.StringType) -> celtypes.BoolType:
+    return celtypes.BoolType(go_regex(str(pattern)).search(str(text)) is not None)
+
+
 _CEL = celpy.Environment()
-_CEL_FUNCTIONS: dict[str, Any] = {"split": _cel_split}
+_CEL_FUNCTIONS: dict[str, Any] = {
+    "split": _cel_split,
+    "matches": _cel_matches,
+    "isQuantity": _cel_is_quantity,
+    "quantity": _cel_quantity,
+    "compareTo": _cel_compare_to,
+    "sign": _cel_sign,
+}
 
 
 @functools.cache
@@ -161,20 +288,38 @@ def _cel_errors(manifest: dict) -> list[FieldError]:
             continue  # transition rules only apply to updates
         try:
             result = _cel_program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)})
-        except celpy.CELEvalError as err:
-            result = err
+        except Exception as err:  # celpy lets some errors of the functions it calls through
+            result = celpy.CELEvalError(str(err))
         if isinstance(result, celpy.CELEvalError):
-            message = f"rule {rule['rule']!r} could not be evaluated: {result.args[0]}"
-        elif bool(result):
+            # The API server reports an evaluation error on the rule's own object.
+            reason = shorten(str(result.args[0]))
+            message = f"rule {rule['rule']!r} could not be evaluated: {reason}"
+            errors.append(FieldError(_dotted(path), message))
             continue
-        else:
-            message = rule.get("message") or f"failed rule: {rule['rule']}"
+        if bool(result):
+            continue
         field = rule.get("fieldPath", "").lstrip(".").split(".") if rule.get("fieldPath") else []
+        message = rule.get("message") or f"failed rule: {rule['rule']}"
         errors.append(FieldError(_dotted([*path, *field]), message))
     return errors
 
 
 # -- entry points ------------------------------------------------------------
+def _json_errors(value: Any, path: list) -> Iterator[FieldError]:
+    """What JSON (and so the API server) cannot carry: non-string keys, NaN and infinities."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                yield FieldError(_dotted(path), f"keys must be strings, got {shorten(repr(key))}")
+            else:
+                yield from _json_errors(item, [*path, key])
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _json_errors(item, [*path, i])
+    elif isinstance(value, float) and not math.isfinite(value):
+        yield FieldError(_dotted(path), f"{value} is not a JSON number")
+
+
 def _header_errors(manifest: Any) -> list[FieldError]:
     if not isinstance(manifest, dict):
         return [FieldError("(root)", "a manifest must be a YAML mapping")]
@@ -193,29 +338,83 @@ def check(manifest: Any) -> tuple[dict, list[FieldError]]:
     errors = _header_errors(manifest)
     if not isinstance(manifest, dict):
         return {}, errors
+    json_errors = list(_json_errors(manifest, []))
+    if json_errors:
+        return {}, errors + json_errors
     defaulted = apply_defaults(copy.deepcopy(manifest), crd_schema())
-    schema_errors = _schema_errors(defaulted)
+    schema_errors, blocking = _schema_errors(defaulted)
     errors += [e for e in schema_errors if e not in errors]
-    if not schema_errors:  # CEL rules assume a well-typed object, as on the server
+    if not blocking:  # as on the API server, CEL rules need a well-typed, bounded object
         errors += _cel_errors(defaulted)
     return defaulted, errors
 
 
+class _Loader(yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader):  # type: ignore[misc]
+    """The safe loader, with timestamps left as strings (as kubectl sends them)."""
+
+    yaml_implicit_resolvers: ClassVar[dict] = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+
+def _check_events(text: str) -> None:
+    """Refuse anchors, aliases (billion laughs) and deep nesting before building any object."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise ValueError("YAML anchors and aliases are not supported in manifests")
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise ValueError(f"exceeds the maximum nesting depth of {MAX_DEPTH}")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def _read_text(path: Path) -> str:
+    """The file's text, read only if it is a regular file of at most MAX_FILE_BYTES of UTF-8."""
+    try:
+        with open(path, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise ValueError("not a regular file")
+            data = file.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise ValueError(f"{shorten(str(path))} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError("not a regular file") from None
+    except OSError as err:
+        raise ValueError(f"cannot be read: {err.strerror}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ValueError(f"larger than {MAX_FILE_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"not UTF-8 text (byte {err.start})") from None
+
+
+def read(path: str | Path) -> list[Any]:
+    """The YAML documents of a manifest file; ManifestError on (file) for any problem reading it."""
+    try:
+        text = _read_text(Path(path))
+        _check_events(text)
+        return [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
+    except yaml.YAMLError as err:
+        problem = f"not valid YAML: {shorten(str(err).replace(chr(10), ' '), 200)}"
+    except (ValueError, TypeError, RecursionError, MemoryError) as err:
+        problem = shorten(str(err), 200)
+    raise ManifestError([FieldError("(file)", problem)], shorten(str(path)))
+
+
 def load(path: str | Path) -> dict:
     """Read, default and validate a manifest file; raise ManifestError listing every error."""
-    path = Path(path)
-    try:
-        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-    except FileNotFoundError:
-        raise ManifestError([FieldError("(file)", f"{path} does not exist")], str(path)) from None
-    except yaml.YAMLError as err:
-        raise ManifestError([FieldError("(file)", f"not valid YAML: {err}")], str(path)) from None
+    docs = read(path)
     if len(docs) != 1:
         raise ManifestError(
             [FieldError("(file)", f"expected one ERLExperiment document, found {len(docs)}")],
-            str(path),
+            shorten(str(path)),
         )
     manifest, errors = check(docs[0])
     if errors:
-        raise ManifestError(errors, str(path))
+        raise ManifestError(errors, shorten(str(path)))
     return manifest
