@@ -75,7 +75,6 @@ def checkov(folder) -> dict:
             str(REPO / ".checkov.yaml"),
             "--output",
             "json",
-            "--quiet",
         ],
         capture_output=True,
         text=True,

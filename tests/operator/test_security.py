@@ -9,13 +9,21 @@ fixture as `helm template` renders them) and RBAC.
 import json
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from evokube_operator import api, builders
 from evokube_operator.cli import parse_args
 from evokube_operator.spec import parse_spec
-from tests.operator.conftest import GROUP, PLURAL, VERSION, experiment_manifest
+from tests.operator.conftest import (
+    GROUP,
+    OPERATOR_NAMESPACE,
+    PLURAL,
+    REPO,
+    VERSION,
+    experiment_manifest,
+)
 from tests.operator.factories import GPU, TPU, experiment
 
 TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -175,25 +183,39 @@ def test_pod_security_admits_the_gang_and_only_host_0_gets_a_token(
             assert TOKEN_DIR not in mounts and not token_volumes
 
 
+TPU_SLICE = {"type": "tpu", "tpu": {"type": "tpu-v5-lite-podslice", "topology": "4x4"}}
+
+
 @pytest.mark.cluster
 def test_a_tpu_gang_is_refused_where_restricted_is_enforced(k8s, namespace):
-    """TPU pods run as root (libtpu), so "baseline" is the most they meet."""
+    """TPU pods run as root (libtpu): "baseline" is the most they meet."""
     enforce(k8s, namespace, "restricted")
-    tpu = {"type": "tpu", "tpu": {"type": "tpu-v5-lite-podslice", "topology": "4x4"}}
-    k8s.apply(experiment_manifest("rooted", namespace, accelerator=tpu))
-    job = k8s.wait(lambda: next(iter(k8s.jobs(namespace, "rooted")), None), "the Job")
-    pods_refused = k8s.wait(
+    k8s.apply(experiment_manifest("rooted", namespace, accelerator=TPU_SLICE))
+    job = builders.job_name("rooted", 0)
+    refusals = k8s.wait(
         lambda: [
             e
             for e in k8s.core.list_namespaced_event(
-                namespace, field_selector=f"involvedObject.name={job.metadata.name}"
+                namespace, field_selector=f"involvedObject.kind=Job,involvedObject.name={job}"
             ).items
-            if e.reason == "FailedCreate" and "restricted" in e.message
+            if e.reason == "FailedCreate" and 'PodSecurity "restricted' in e.message
         ],
         "the Job controller's FailedCreate event naming PodSecurity restricted",
     )
-    assert "runAsNonRoot" in pods_refused[0].message
+    assert "runAsNonRoot" in refusals[0].message, refusals[0].message
     assert not k8s.pods(namespace, "rooted")
+
+
+@pytest.mark.cluster
+def test_annotations_that_loosen_pod_security_are_refused(k8s, namespace):
+    """An AppArmor or seccomp annotation never reaches a pod: the CRD refuses the key."""
+    for key in (
+        "container.apparmor.security.beta.kubernetes.io/trainer",
+        "seccomp.security.alpha.kubernetes.io/pod",
+    ):
+        manifest = experiment_manifest("loose", namespace, podAnnotations={key: "unconfined"})
+        run = k8s.apply(manifest, check=False)
+        assert run.returncode != 0 and "spec.podAnnotations" in run.stderr, run.stderr
 
 
 def trainer_client(k8s, cluster, namespace, name, pod):
@@ -242,7 +264,7 @@ def test_the_trainer_may_write_progress_but_cannot_forge_the_rest_of_status(
     finally:
         trainer.close()
     after = k8s.status(namespace, "honest")
-    assert after["phase"] == "Running" and after["restarts"] == 0
+    assert after["phase"] == "Running" and after.get("restarts", 0) == 0
     assert after["progress"] == {"generation": 7, "bestFitness": 2.5}
     # The operator's own status writes still go through: a retriable exit, a gang restart.
     k8s.exit_pod(namespace, host0.metadata.name, 75)
@@ -285,5 +307,59 @@ def test_system_priority_classes_are_refused_by_default(k8s, operator, namespace
         experiment_manifest("vip", namespace, priorityClassName="system-node-critical"),
         check=False,
     )
-    assert run.returncode != 0
-    assert "spec.priorityClassName: system-node-critical is not allowed" in run.stderr
+    # The CRD refuses them too; the chart's policy also holds with an older CRD.
+    assert run.returncode != 0 and "spec.priorityClassName" in run.stderr, run.stderr
+
+
+# -- docs/security.md's `kubectl auth can-i` matrix ------------------------------------------------
+def documented_matrix() -> tuple[str, list[tuple[list[str], dict[str, bool]]]]:
+    """(the author Role's YAML, [(can-i arguments, {operator|trainer|author: allowed})])."""
+    text = (REPO / "docs" / "security.md").read_text()
+    (author_role,) = [
+        block.split("```", 1)[0]
+        for block in text.split("```yaml\n")[1:]
+        if "name: erlexperiment-author" in block
+    ]
+    section = text.split("## Who can do what", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    matrix = []
+    for row in rows:
+        request, *answers = (cell.strip() for cell in row.strip("|").split("|"))
+        allowed = [{"yes": True, "no": False}[a] for a in answers]
+        matrix.append((request.strip("`").split(), dict(zip(IDENTITIES, allowed, strict=True))))
+    assert len(matrix) >= 15, matrix
+    return author_role, matrix
+
+
+IDENTITIES = ("operator", "trainer", "author")
+
+
+@pytest.mark.cluster
+def test_the_can_i_matrix_of_docs_security_md(cluster, crd, operator_kubeconfig, namespace):
+    """The chart's operator RBAC, the builders' trainer RBAC, the doc's author Role."""
+    author_role, matrix = documented_matrix()
+    exp = experiment(name="mine", namespace=namespace)
+    trainer_rbac = [builders.service_account(exp), builders.role(exp), builders.role_binding(exp)]
+    for obj in trainer_rbac:  # no owner: the garbage collector would take them at once
+        del obj["metadata"]["ownerReferences"]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(trainer_rbac))
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=author_role)
+    cluster.kubectl(
+        "create", "rolebinding", "alice", "-n", namespace,
+        "--role=erlexperiment-author", "--user=alice",
+    )  # fmt: skip
+    users = {
+        "operator": f"system:serviceaccount:{OPERATOR_NAMESPACE}:evokube-operator",
+        "trainer": f"system:serviceaccount:{namespace}:mine-trainer",
+        "author": "alice",
+    }
+    answers = {}
+    for request, _ in matrix:
+        for who, user in users.items():
+            run = cluster.kubectl(
+                "auth", "can-i", *request, "-n", namespace, f"--as={user}", check=False
+            )
+            answers[" ".join(request), who] = run.stdout.strip() == "yes"
+    documented = {(" ".join(r), who): allowed for r, row in matrix for who, allowed in row.items()}
+    wrong = {key: answers[key] for key in documented if answers[key] != documented[key]}
+    assert not wrong, f"the API server answers differently (its answer shown): {wrong}"
