@@ -91,11 +91,23 @@ class Experiment:
         return (self.namespace, self.name)
 
 
-def _int(value: Any, path: str, default: int | None = None, minimum: int = 0) -> int | None:
+# The CRD's maximum for durations: ten years, which datetime arithmetic holds comfortably.
+MAX_SECONDS = 315_360_000
+
+
+def _int(
+    value: Any,
+    path: str,
+    default: int | None = None,
+    minimum: int = 0,
+    maximum: int = 2**63 - 1,
+) -> int | None:
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise SpecError(f"spec.{path}: expected an integer >= {minimum}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise SpecError(
+            f"spec.{path}: expected an integer from {minimum} to {maximum}, got {value!r}"
+        )
     return value
 
 
@@ -187,10 +199,10 @@ def parse_spec(raw: Mapping[str, Any]) -> ExperimentSpec:
         checkpoint_claim=checkpoint.get("volumeClaimName") or None,
         max_restarts=_int(raw.get("maxRestarts"), "maxRestarts", 3) or 0,
         ttl_seconds_after_finished=_int(
-            raw.get("ttlSecondsAfterFinished"), "ttlSecondsAfterFinished"
+            raw.get("ttlSecondsAfterFinished"), "ttlSecondsAfterFinished", maximum=MAX_SECONDS
         ),
         active_deadline_seconds=_int(
-            raw.get("activeDeadlineSeconds"), "activeDeadlineSeconds", minimum=1
+            raw.get("activeDeadlineSeconds"), "activeDeadlineSeconds", None, 1, MAX_SECONDS
         ),
         metrics_port=_int(raw.get("metricsPort"), "metricsPort", 9100, minimum=1) or 9100,
         coordinator_port=_int(raw.get("coordinatorPort"), "coordinatorPort", 8476, minimum=1)
