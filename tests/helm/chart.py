@@ -23,6 +23,10 @@ MONITORING_APIS = (
     "monitoring.coreos.com/v1/PodMonitor",
 )
 RBAC_TEMPLATES = ("templates/serviceaccount.yaml", "templates/rbac.yaml")
+ADMISSION_TEMPLATE = "templates/admission.yaml"
+# Namespaces a test installs a release of its own for: the session operator's
+# admission policies (operator_policies) leave them to that release's policies.
+OWN_RELEASE_LABEL = "evokube.test/own-release"
 
 
 def helm(cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -81,3 +85,20 @@ def documents(text: str) -> list[dict]:
 def operator_rbac(cluster, release: str, namespace: str, values=None) -> str:
     """The chart's ServiceAccount and RBAC for the operator, ready for `kubectl apply`."""
     return render(cluster, release, namespace, values, show_only=RBAC_TEMPLATES)
+
+
+def operator_policies(cluster, release: str, namespace: str, values=None) -> str:
+    """The chart's admission policies, bound to every namespace but OWN_RELEASE_LABEL's.
+
+    Two releases' status guards in one namespace would each refuse the other's
+    operator, so namespaces of a test's own release are left out.
+    """
+    objects = documents(render(cluster, release, namespace, values, show_only=[ADMISSION_TEMPLATE]))
+    for obj in objects:
+        if obj["kind"].endswith("Binding"):
+            obj["spec"]["matchResources"] = {
+                "namespaceSelector": {
+                    "matchExpressions": [{"key": OWN_RELEASE_LABEL, "operator": "DoesNotExist"}]
+                }
+            }
+    return yaml.safe_dump_all(objects)

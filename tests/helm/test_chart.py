@@ -64,7 +64,12 @@ def custom_values(watched: list[str], dashboard_namespace: str) -> dict:
             }
         },
         "terminationGracePeriodSeconds": 45,
+        "networkPolicy": {"metricsFrom": [PROMETHEUS]},
+        "policy": {"allowedImages": ["registry.example/rl/"]},
     }
+
+
+PROMETHEUS = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
 
 
 def by_kind(objects: list[dict]) -> dict[tuple[str, str, str], dict]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helm.chart import CHART, REPO, documents, helm, value_args
+from tests.helm.chart import CHART, OWN_RELEASE_LABEL, REPO, documents, helm, value_args
 from tests.operator.conftest import (
     GROUP,
     PLURAL,
@@ -74,6 +74,7 @@ def release(cluster, crd, monitoring_crds, tmp_path_factory):
     names = [f"{prefix}-{suffix}" for prefix in ("evokube-chart", "chart-team-a", "chart-team-b")]
     for name in names:
         cluster.kubectl("create", "namespace", name)
+        cluster.kubectl("label", "namespace", name, f"{OWN_RELEASE_LABEL}={RELEASE}")
     # The operator's pod must meet the Pod Security Standard "restricted".
     cluster.kubectl("label", "namespace", names[0], "pod-security.kubernetes.io/enforce=restricted")
     rel = Release(RELEASE, names[0], [names[1]], names[2], tmp_path_factory.mktemp("release"))
@@ -311,6 +312,7 @@ def test_a_cluster_wide_install_grants_exactly_the_documented_rules(cluster, crd
     other = f"chart-any-{uuid.uuid4().hex[:6]}"
     for name in (namespace, other):
         cluster.kubectl("create", "namespace", name)
+        cluster.kubectl("label", "namespace", name, f"{OWN_RELEASE_LABEL}=evokube-wide")
     release = Release("evokube-wide", namespace, [], other, tmp_path)
     try:
         helm(cluster, "install", release.name, str(CHART), "--namespace", namespace)

@@ -4,7 +4,8 @@
 - `operator`: one `evokube-operator` process for the session, watching every
   namespace, running as a ServiceAccount bound to the operator's own
   ClusterRole as the Helm chart renders it (helm/evokube), so a missing
-  permission fails the tests. Tests may kill and restart it.
+  permission fails the tests, with the chart's admission policies in place
+  (host 0's token, the status guard). Tests may kill and restart it.
 - `k8s`: small helpers (apply, read, wait) that say what they waited for and
   show the operator's last log lines when a wait times out.
 """
@@ -24,7 +25,7 @@ import pytest
 import yaml
 
 from tests.cluster.controlplane import free_port, wait_until
-from tests.helm.chart import operator_rbac
+from tests.helm.chart import operator_policies, operator_rbac
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_NAMESPACE = "evokube-system"
@@ -70,6 +71,9 @@ def operator_kubeconfig(cluster, crd, tmp_path_factory) -> Path:
     # ServiceAccount, ClusterRole and ClusterRoleBinding `evokube-operator`.
     rbac = operator_rbac(cluster, "evokube", OPERATOR_NAMESPACE)
     cluster.kubectl("apply", "-f", "-", input=rbac)
+    # Host 0's token, the status guard and the experiment policy, as the chart installs them.
+    policies = operator_policies(cluster, "evokube", OPERATOR_NAMESPACE)
+    cluster.kubectl("apply", "--server-side", "-f", "-", input=policies)
     api_client = cluster.api_client()
     try:
         return service_account_kubeconfig(

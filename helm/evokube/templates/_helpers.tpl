@@ -100,6 +100,10 @@ tables them and tests/helm proves `kubectl auth can-i` grants nothing more.
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [get, create, patch]
+# One NetworkPolicy per experiment (networkPolicy.enabled): only its gang reaches it.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, patch]
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [list, create, patch]
@@ -126,4 +130,23 @@ tables them and tests/helm proves `kubectl auth can-i` grants nothing more.
 {{- $pairs = append $pairs (printf "%s=%v" $k $v) -}}
 {{- end -}}
 {{- join "," $pairs -}}
+{{- end -}}
+
+{{/* The operator's user name as the API server sees it (admission policies). */}}
+{{- define "evokube.operatorUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "evokube.serviceAccountName" .) -}}
+{{- end -}}
+
+{{/* An admission policy binding's matchResources: the watched namespaces, or all. */}}
+{{- define "evokube.policyMatchResources" -}}
+{{- if .Values.watchNamespaces }}
+matchResources:
+  namespaceSelector:
+    matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: In
+      values: {{ toJson .Values.watchNamespaces }}
+{{- else }}
+matchResources: {}
+{{- end }}
 {{- end -}}
