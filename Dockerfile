@@ -80,8 +80,9 @@ RUN python3 -m venv /opt/evokube \
 COPY --from=wheel /wheels /tmp/wheels
 RUN pip install --no-deps /tmp/wheels/evokube-*.whl && rm -r /tmp/wheels
 # TPU pods keep the image's user: libtpu opens the TPU device files, which
-# GKE's device plugin leaves to root (docs/operator.md). They still cannot
-# escalate privileges; the evokube user is there for volumes it should own.
+# GKE's device plugin leaves to root (docs/security.md). They still cannot
+# escalate privileges nor hold any capability; the evokube user is there for
+# volumes it should own.
 # hadolint ignore=DL3002
 USER 0:0
 EXPOSE 8476 9100

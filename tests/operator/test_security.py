@@ -207,15 +207,21 @@ def test_a_tpu_gang_is_refused_where_restricted_is_enforced(k8s, namespace):
 
 
 @pytest.mark.cluster
-def test_annotations_that_loosen_pod_security_are_refused(k8s, namespace):
-    """An AppArmor or seccomp annotation never reaches a pod: the CRD refuses the key."""
-    for key in (
-        "container.apparmor.security.beta.kubernetes.io/trainer",
-        "seccomp.security.alpha.kubernetes.io/pod",
-    ):
-        manifest = experiment_manifest("loose", namespace, podAnnotations={key: "unconfined"})
-        run = k8s.apply(manifest, check=False)
-        assert run.returncode != 0 and "spec.podAnnotations" in run.stderr, run.stderr
+@pytest.mark.parametrize(
+    ("field", "key"),
+    [
+        # Would loosen what PodSecurity judges.
+        ("podAnnotations", "container.apparmor.security.beta.kubernetes.io/trainer"),
+        ("podAnnotations", "seccomp.security.alpha.kubernetes.io/pod"),
+        # Would claim host 0's token for every host (the Job controller sets it anyway).
+        ("podLabels", "batch.kubernetes.io/job-completion-index"),
+    ],
+    ids=["apparmor", "seccomp", "completion-index"],
+)
+def test_labels_and_annotations_that_would_loosen_security_are_refused(k8s, namespace, field, key):
+    manifest = experiment_manifest("loose", namespace, **{field: {key: "0"}})
+    run = k8s.apply(manifest, check=False)
+    assert run.returncode != 0 and f"spec.{field}" in run.stderr, run.stderr
 
 
 def trainer_client(k8s, cluster, namespace, name, pod):
