@@ -137,6 +137,8 @@ class Observation:
     blocked: Blocker | None = None
     # The current Job's FailedCreate events, read only when a Plan asked (needs_job_events).
     job_events: tuple[JobEvent, ...] | None = None
+    # The uid of the current Job, which the API server confirmed gone (confirm_job_gone).
+    job_gone: str | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,8 @@ class Plan:
     stale: bool = False
     # (name, uid) of a Job whose FailedCreate events decide wants: read them, decide again.
     needs_job_events: tuple[str, str] | None = None
+    # (name, uid) of the current Job, missing from the watch: is it really gone? Decide again.
+    confirm_job_gone: tuple[str, str] | None = None
     spec: ExperimentSpec | None = field(default=None, compare=False)
 
 
@@ -228,6 +232,9 @@ def decide(obs: Observation, timeouts: startup.Timeouts = startup.DEFAULT_TIMEOU
     job = next((j for j in obs.jobs if j.name == name and not j.deleting), None)
     if job is None:
         if status.job_uid is not None and status.job_name == name:
+            # Someone deleted it; a new attempt stops the gang, so not on the watch's word alone.
+            if obs.job_gone != status.job_uid:
+                return Plan(old, confirm_job_gone=(name, status.job_uid), spec=spec)
             return _job_deleted(step, status, spec, name, events)
         return _start(step, status, spec, events)
     if status.job_uid != job.uid:

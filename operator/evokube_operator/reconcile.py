@@ -123,6 +123,9 @@ class Reconciler:
                 blocked or self._job_conflict(exp, old, job_conflict),
             )
             plan = decide(observation, self.timeouts)
+            if plan.confirm_job_gone is not None:
+                observation = self._look_for_job(exp, plan.confirm_job_gone, observation)
+                plan = decide(observation, self.timeouts)
             if plan.needs_job_events is not None:
                 events = self._job_events(exp.namespace, plan.needs_job_events, memory)
                 plan = decide(replace(observation, job_events=events), self.timeouts)
@@ -234,6 +237,24 @@ class Reconciler:
         if blocker is not None:
             log.warning("%s/%s: %s", exp.namespace, exp.name, blocker.message)
         return blocker if creating else None  # a running gang goes on
+
+    def _look_for_job(
+        self, exp: Experiment, job: tuple[str, str], observation: Observation
+    ) -> Observation:
+        """The watch no longer shows the current Job: the API server says whether it is gone
+        (or being deleted), or the watch is just behind (then decide with the Job as read)."""
+        name, uid = job
+        try:
+            found: dict[str, Any] | None = self.kube.get("Job", exp.namespace, name)
+        except ApiError as err:
+            if err.status != 404:
+                raise
+            found = None
+        if found is not None and found["metadata"].get("uid") == uid:
+            view = JobView.from_body(found)
+            if not view.deleting:
+                return replace(observation, jobs=(*observation.jobs, view))
+        return replace(observation, job_gone=uid)
 
     def _read_claim(self, exp: Experiment, spec: ExperimentSpec) -> dict[str, Any] | None:
         try:

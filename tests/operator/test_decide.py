@@ -446,7 +446,7 @@ def test_the_next_job_is_created_once_the_old_pods_have_stopped(left):
 def test_the_pods_of_a_job_being_deleted_hold_its_successor_back():
     status = running_status(phase=api.PENDING)
     deleting = replace(job(0), deleting=True)
-    plan = decide(observe(status, [deleting], gang(1)))
+    plan = decide(replace(observe(status, [deleting], gang(1)), job_gone="job-uid-0"))
     assert plan.create_job is None
     assert plan.delete_jobs == ()
     reason = find(plan.status.conditions, api.COND_RUNNING)["reason"]
@@ -542,7 +542,11 @@ def test_the_operator_records_the_uid_of_the_job_it_sees():
     ],
 )
 def test_a_job_deleted_by_someone_else_is_a_preemption_under_a_new_name(jobs, expected):
-    plan = decide(observe(running_status(restarts=0), jobs))
+    unconfirmed = decide(observe(running_status(restarts=0), jobs))
+    assert unconfirmed.confirm_job_gone == ("demo-0", "job-uid-0")  # not on the watch's word
+    assert unconfirmed.status == Status.from_dict(running_status(restarts=0))
+    assert (unconfirmed.create_job, unconfirmed.delete_jobs, unconfirmed.events) == (None, (), ())
+    plan = decide(replace(observe(running_status(restarts=0), jobs), job_gone="job-uid-0"))
     assert (plan.status.restarts, plan.status.preemptions) == (0, 1)
     assert plan.status.job_name == "demo-1" and plan.status.job_uid is None
     restarting = find(plan.status.conditions, api.COND_RESTARTING)

@@ -173,6 +173,17 @@ def test_a_job_deleted_behind_the_operators_back_starts_the_next_attempt_as_a_pr
     assert ("event", api.REASON_JOB_DELETED) in kube.calls
 
 
+def test_a_job_missing_only_from_the_watch_is_no_reason_for_a_new_attempt():
+    kube = FakeKube(body(status=running_status()))
+    kube.objects["Job", "demo-0"] = {
+        "kind": "Job",
+        "metadata": {"name": "demo-0", "uid": "job-uid-0"},
+    }
+    outcome = reconciler(kube).reconcile(KEY, copy.deepcopy(kube.experiment), (), gang(1))
+    assert kube.calls == [("get", "Job")]
+    assert outcome.phase == api.RUNNING
+
+
 def test_a_job_not_seen_yet_is_created_again_under_the_same_name():
     status = running_status(phase=api.PENDING)
     del status["jobUID"]  # created, then gone before the operator ever saw it
