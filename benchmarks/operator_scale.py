@@ -217,6 +217,7 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
             str(port),
             "--metrics-address",
             "127.0.0.1",
+            "--leader-election-namespace=default",  # the Lease (a write every 2 s)
             *args.operator_args,
         ]
         with log_path.open("w") as log:

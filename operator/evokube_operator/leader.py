@@ -212,10 +212,11 @@ class Elector:
 
     async def _attempt(self) -> bool:
         """One round of take-or-renew, bounded so a hung request cannot delay stepping down."""
-        timeout = self.election.retry_period
-        if self._renewed_at is not None:
-            left = self._renewed_at + self.election.renew_deadline - self._clock()
-            timeout = max(timeout, left)
+        timeout = self.election.renew_deadline
+        if self._renewed_at is not None:  # past the deadline, an answer comes too late
+            timeout = self._renewed_at + self.election.renew_deadline - self._clock()
+            if timeout <= 0:
+                return False
         try:
             return await asyncio.wait_for(asyncio.to_thread(self._take_or_renew), timeout)
         except (ApiError, TimeoutError) as err:
@@ -223,13 +224,19 @@ class Elector:
             return False
 
     def _take_or_renew(self) -> bool:
+        """Read the Lease and write it if allowed; once leadership was lost, never again."""
+        if self._renewed_at is not None and not self.leading:
+            self._done = True
+        if self._done:
+            return False
         started = self._clock()
         lease = self._read()
         if lease is not None and version(lease) != self._seen[0]:
             self._seen = (version(lease), started)
         if holder(lease) not in ("", self.identity) and self._renewed_at is not None:
-            self._renewed_at = None  # somebody else holds it: the fence closes now
+            self._done = True  # somebody else holds it: the fence closes now
             log.error("Lease %s was taken by %s", self.election.name, holder(lease))
+            return False
         if not may_take(lease, self.identity, self._seen[1], started):
             return False
         body = claimed(lease, self.identity, self.election, self._wall())

@@ -90,9 +90,15 @@ class Stack:
     def helm_install(self) -> None:
         """The chart as a user installs it, plus the pod runner's pool for the operator pod."""
         values = self.workdir / "values.yaml"
+        # One replica: the scenarios watch and kill "the" operator pod (leader election still
+        # runs; a restarted container waits out its predecessor's Lease).
         values.write_text(
             yaml.safe_dump(
-                {"nodeSelector": self.runner.node_selector, "tolerations": self.runner.tolerations}
+                {
+                    "nodeSelector": self.runner.node_selector,
+                    "tolerations": self.runner.tolerations,
+                    "operator": {"replicas": 1},
+                }
             )
         )
         self.helm(

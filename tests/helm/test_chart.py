@@ -25,6 +25,14 @@ def custom_values(watched: list[str], dashboard_namespace: str) -> dict:
         },
         "imagePullSecrets": [{"name": "regcred"}],
         "operator": {
+            "replicas": 3,
+            "leaderElection": {
+                "enabled": True,
+                "leaseName": "rl-lease",
+                "leaseDurationSeconds": 20,
+                "renewDeadlineSeconds": 12,
+                "retryPeriodSeconds": 3,
+            },
             "workers": 2,
             "resyncSeconds": 60,
             "watchTimeoutSeconds": 120,
@@ -132,12 +140,15 @@ def test_the_dashboard_configmap_carries_the_dashboard_file_unchanged(cluster):
     assert json.loads(dashboard)["uid"] == "evokube"
 
 
-def test_defaults_one_recreated_replica_probes_and_a_locked_down_container(cluster):
+def test_defaults_two_electing_replicas_probes_and_a_locked_down_container(cluster):
     objects = documents(render(cluster, "evokube", "evokube-system"))
     kinds = by_kind(objects)
     deployment = kinds["Deployment", "evokube-system", "evokube-operator"]
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "evokube-operator"
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -155,6 +166,12 @@ def test_defaults_one_recreated_replica_probes_and_a_locked_down_container(clust
     assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
     assert not any(a.startswith("--namespace") for a in container["args"])
+    assert {
+        "--leader-election-namespace=evokube-system",
+        "--leader-election-lease-name=evokube-operator",
+    } <= set(container["args"])
+    env = {e["name"]: e.get("valueFrom") for e in container["env"]}
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     # Cluster-wide: one ClusterRole with everything, bound to the chart's account; no Role.
     role = kinds["ClusterRole", "", "evokube-operator"]
     assert {"erlexperiments", "jobs", "customresourcedefinitions"} <= {
@@ -165,7 +182,20 @@ def test_defaults_one_recreated_replica_probes_and_a_locked_down_container(clust
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "evokube-operator", "namespace": "evokube-system"}
     ]
-    assert not [o for o in objects if o["kind"] in ("Role", "RoleBinding")]
+    # The only Role: the Lease's, in the release's namespace.
+    (role,) = [o for o in objects if o["kind"] == "Role"]
+    assert (role["metadata"]["namespace"], role["rules"]) == (
+        "evokube-system",
+        [
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "verbs": ["get", "create", "update"],
+            }
+        ],
+    )
+    (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
     # Without monitoring.coreos.com in the cluster, no monitors.
     assert not [o for o in objects if o["kind"] in ("ServiceMonitor", "PodMonitor")]
 
@@ -187,11 +217,17 @@ def test_custom_values_reach_the_manifests(cluster):
         "--unschedulable-timeout-seconds=60",
         "--namespace=team-a",
         "--namespace=team-b",
+        "--leader-election-namespace=ops",
+        "--leader-election-lease-name=rl-lease",
+        "--leader-election-lease-duration=20",
+        "--leader-election-renew-deadline=12",
+        "--leader-election-retry-period=3",
         "--verbose",
         "--debug",
     ]
     assert {"name": "TZ", "value": "UTC"} in container["env"]
     assert container["livenessProbe"]["periodSeconds"] == 30
+    assert kinds["Deployment", "ops", "evk-operator"]["spec"]["replicas"] == 3
     pod = kinds["Deployment", "ops", "evk-operator"]["spec"]["template"]
     assert pod["metadata"]["labels"]["team"] == "rl"
     assert pod["spec"]["serviceAccountName"] == "evk-sa"
@@ -223,6 +259,20 @@ def test_custom_values_reach_the_manifests(cluster):
     assert dashboard["metadata"]["annotations"] == {"grafana_folder": "ERL"}
     service = kinds["Service", "ops", "evk-operator"]
     assert service["spec"]["ports"][0]["port"] == 9091
+
+
+def test_without_leader_election_one_recreated_replica_and_no_lease_role(cluster, tmp_path):
+    values = {"operator": {"replicas": 1, "leaderElection": {"enabled": False}}}
+    objects = documents(render(cluster, "evokube", "evokube-system", values))
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert "--no-leader-elect" in operator_container(objects)["args"]
+    assert not [o for o in objects if o["kind"] in ("Role", "RoleBinding")]
+    # Two replicas without a Lease would both act: refused.
+    values["operator"]["replicas"] = 2
+    args = ["template", "x", str(CHART), *value_args(values, tmp_path)]
+    run = helm(cluster, *args, check=False)
+    assert run.returncode != 0 and "needs operator.leaderElection.enabled" in run.stderr
 
 
 # -- against the API server ----------------------------------------------------------------------

@@ -107,7 +107,12 @@ def documented_rules() -> dict[str, set[tuple[str, str]]]:
             for resource in (r.strip().strip("`") for r in resources.split(",")):
                 for verb in (v.strip() for v in verbs.split(",")):
                     rules.setdefault(scope, set()).add((qualified(resource, group), verb))
-    assert set(rules) == {"watched", "cluster", "cluster, with `watchNamespaces` only"}, rules
+    assert set(rules) == {
+        "watched",
+        "the release's namespace",
+        "cluster",
+        "cluster, with `watchNamespaces` only",
+    }, rules
     return rules
 
 
@@ -162,7 +167,7 @@ def test_install_waits_for_a_ready_operator_and_creates_everything(cluster, rele
     ready = cluster.kubectl(
         "get", "deployment", NAME, "-n", release.namespace, "-o", "jsonpath={.status.readyReplicas}"
     ).stdout
-    assert ready == "1"
+    assert ready == "2"  # two replicas; they elect a leader
     for kind, name in [
         ("serviceaccount", ACCOUNT),
         ("service", NAME),
@@ -187,6 +192,8 @@ def test_the_account_may_do_what_docs_helm_md_tables_and_nothing_more(cluster, r
         granted_by_chart(cluster, release, release.watched[0]) == rules["watched"] | cluster_rules
     )
     assert granted_by_chart(cluster, release, release.spare) == cluster_rules
+    own = granted_by_chart(cluster, release, release.namespace)
+    assert own == rules["the release's namespace"] | cluster_rules
     user, watched = release.user, release.watched[0]
     for verb, resource in [
         ("get", "secrets"),

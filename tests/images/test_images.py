@@ -278,6 +278,7 @@ def test_the_operator_image_runs_the_operator_against_the_cluster(
             "--metrics-address=127.0.0.1",
             f"--metrics-port={port}",
             f"--namespace={namespace}",
+            f"--leader-election-namespace={namespace}",
             volumes=[(tmp_path / "kube", "/kube")],
             log=tmp_path / "operator.log",
         )

@@ -211,7 +211,8 @@ def local_run(tmp_path):
 @pytest.fixture
 def operator_with_a_restart(cluster, api, crd, namespace, tmp_path):
     """An operator (watching one namespace) whose experiment went through one gang restart."""
-    operator = OperatorProcess(cluster.kubeconfig, tmp_path, ("--namespace", namespace))
+    args = ("--namespace", namespace, f"--leader-election-namespace={namespace}")
+    operator = OperatorProcess(cluster.kubeconfig, tmp_path, args)
     operator.start()
     k8s = K8s(cluster, api, operator)
     try:

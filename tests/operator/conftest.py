@@ -29,6 +29,12 @@ from tests.helm.chart import operator_policies, operator_rbac
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_NAMESPACE = "evokube-system"
+# Leader election at test speed: a killed leader is replaced within about 4.5 s.
+FAST_LEASE = (
+    "--leader-election-lease-duration=4",
+    "--leader-election-renew-deadline=3",
+    "--leader-election-retry-period=0.5",
+)
 GROUP, VERSION, PLURAL = "evokube.io", "v1alpha1", "erlexperiments"
 
 
@@ -90,10 +96,17 @@ def operator_kubeconfig(cluster, crd, tmp_path_factory) -> Path:
 class OperatorProcess:
     """`evokube-operator` as a child process: started, probed, killed, restarted."""
 
-    def __init__(self, kubeconfig: Path, log_dir: Path, args: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log_dir: Path,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ):
         self.kubeconfig = kubeconfig
         self.log_dir = log_dir
         self.args = args  # more command-line arguments, e.g. --namespace
+        self.env = env or {}  # more environment, e.g. POD_NAME
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
         self.starts = 0
@@ -104,7 +117,8 @@ class OperatorProcess:
 
     @property
     def log_path(self) -> Path:
-        return self.log_dir / f"operator-{self.starts}.log"
+        name = self.env.get("POD_NAME", "operator")
+        return self.log_dir / f"{name}-{self.starts}.log"
 
     def start(self, timeout: float = 60) -> None:
         self.starts += 1
@@ -120,7 +134,11 @@ class OperatorProcess:
         ]
         log = self.log_path.open("w")
         self.proc = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **self.env},
         )
         log.close()
         wait_until(
@@ -190,7 +208,9 @@ class OperatorProcess:
 
 @pytest.fixture(scope="session")
 def operator(cluster, crd, operator_kubeconfig, tmp_path_factory):
-    process = OperatorProcess(operator_kubeconfig, tmp_path_factory.mktemp("operator-logs"))
+    process = OperatorProcess(
+        operator_kubeconfig, tmp_path_factory.mktemp("operator-logs"), FAST_LEASE
+    )
     process.start()
     yield process
     process.stop()

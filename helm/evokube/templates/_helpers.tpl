@@ -68,10 +68,10 @@ tables them and tests/helm proves `kubectl auth can-i` grants nothing more.
 
 {{/* Rules every watched namespace needs (a ClusterRole's when watching all). */}}
 {{- define "evokube.namespacedRules" -}}
-# Watch experiments; Kopf keeps its bookkeeping in annotations (patch); the TTL deletes.
+# Watch experiments (Kopf writes nothing to them: event handlers only); the TTL deletes.
 - apiGroups: [evokube.io]
   resources: [erlexperiments]
-  verbs: [get, list, watch, patch, delete]
+  verbs: [get, list, watch, delete]
 - apiGroups: [evokube.io]
   resources: [erlexperiments/status]
   verbs: [get, patch]
