@@ -217,6 +217,7 @@ def test_custom_values_reach_the_manifests(cluster):
         "--unschedulable-timeout-seconds=60",
         "--namespace=team-a",
         "--namespace=team-b",
+        '--metrics-from=[{"podSelector":{"matchLabels":{"app.kubernetes.io/name":"prometheus"}}}]',
         "--leader-election-namespace=ops",
         "--leader-election-lease-name=rl-lease",
         "--leader-election-lease-duration=20",
