@@ -245,6 +245,8 @@ BAD_MANIFESTS += [
             "resource name with a space": _limits(**{"example.com/a b": "1"}),
             "tpu in resources": _limits(**{"google.com/tpu": "4"}),
             "kubernetes.io resource name": _limits(**{"kubernetes.io/foo": "1"}),
+            "fractional extended resource": _limits(**{"example.com/fpga": "1.5"}),
+            "extended resource in kilo": _limits(**{"example.com/fpga": "1k"}),
         },
     ),
     *_bad(
@@ -256,6 +258,21 @@ BAD_MANIFESTS += [
             },
             "binary request above decimal limit": {
                 "spec.resources": {"requests": {"memory": "1.5Gi"}, "limits": {"memory": "1G"}}
+            },
+            "extended resource request without a limit": {
+                "spec.resources": {"requests": {"example.com/fpga": 1}}
+            },
+            "extended resource request below its limit": {
+                "spec.resources": {
+                    "requests": {"example.com/fpga": 1},
+                    "limits": {"example.com/fpga": 2},
+                }
+            },
+            "hugepages request below its limit": {
+                "spec.resources": {
+                    "requests": {"hugepages-2Mi": "2Mi"},
+                    "limits": {"hugepages-2Mi": "4Mi"},
+                }
             },
             "request above limit by a nano": {
                 "spec.resources": {"requests": {"cpu": "1000000001n"}, "limits": {"cpu": 1}}
@@ -519,6 +536,24 @@ BAD_MANIFESTS += [
     BadManifest(
         "backend for a gymnax env", {"spec.environment.backend": "mjx"}, "spec.environment.backend"
     ),
+    # JSON and ObjectMeta, as the API server decodes and checks them.
+    BadManifest("seed beyond int64", {"spec.seed": 2**63}, "spec.seed"),
+    BadManifest("quantity beyond int64", _limits(cpu=10**30), "spec.resources.limits.cpu"),
+    # 8.0 is an integer to the schema but a double to CEL: the rules on spec cannot evaluate.
+    BadManifest("population 8.0", {"spec.population.size": 8.0}, "spec"),
+    BadManifest("metadata label value", {"metadata.labels": {"a": "b c"}}, "metadata.labels"),
+    BadManifest("metadata label too long", {"metadata.labels": {"a": "x" * 64}}, "metadata.labels"),
+    BadManifest(
+        "metadata annotation key", {"metadata.annotations": {"a b": "c"}}, "metadata.annotations"
+    ),
+    BadManifest(
+        "null in a list", {"spec.policy": {"hiddenLayers": [None]}}, "spec.policy.hiddenLayers[0]"
+    ),
+    BadManifest(
+        "null required field",
+        {"spec.algorithm": {"name": "cem-rl", "rl": {"numAgents": None}}},
+        "spec.algorithm.rl.numAgents",
+    ),
     # Images.
     *_bad(
         "spec.image",
@@ -542,6 +577,16 @@ BAD_MANIFESTS += [
 
 # Edge cases both gates must ADMIT, so that they agree on acceptance as well as refusal.
 GOOD_MANIFESTS = [
+    GoodManifest(
+        "null fields are dropped",
+        {
+            "spec.podLabels": {"a": None},
+            "spec.accelerator": None,
+            "spec.stopping": {"maxGenerations": 3, "targetFitness": None},
+        },
+    ),
+    GoodManifest("integral float for an integer", {"spec.seed": 8.0}),
+    GoodManifest("metadata labels and annotations", {"metadata.labels": {"example.com/a": "b"}}),
     GoodManifest(
         "largest allowed integers",
         {

@@ -17,10 +17,11 @@ def _load(path: str):
     """The defaulted manifest, or print every error and return None; never raises, since a
     manifest file is untrusted input and a traceback is no answer."""
     from evokube_trainer.runtime import manifest
-    from evokube_trainer.runtime.config import to_run_config
 
     try:
         loaded = manifest.load(path)
+        from evokube_trainer.runtime.config import to_run_config  # imports JAX: valid files only
+
         to_run_config(loaded)  # what the trainer itself would refuse
     except manifest.ManifestError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -203,7 +203,18 @@ def _go_pattern(validator, pattern, instance, schema):
         yield jsonschema.ValidationError(f"{shorten(repr(instance))} does not match {pattern!r}")
 
 
-_Validator = jsonschema.validators.extend(jsonschema.Draft4Validator, {"pattern": _go_pattern})
+def _is_integer(checker, instance) -> bool:
+    """An int64, as the API server decodes it: 8.0 is 8, and 2**63 is no integer at all."""
+    if isinstance(instance, bool) or not isinstance(instance, int | float):
+        return False
+    return float(instance).is_integer() and -(2**63) <= instance < 2**63
+
+
+_Validator = jsonschema.validators.extend(
+    jsonschema.Draft4Validator,
+    {"pattern": _go_pattern},
+    type_checker=jsonschema.Draft4Validator.TYPE_CHECKER.redefine("integer", _is_integer),
+)
 
 
 def _dotted(parts) -> str:
@@ -320,6 +331,62 @@ def _json_errors(value: Any, path: list) -> Iterator[FieldError]:
         yield FieldError(_dotted(path), f"{value} is not a JSON number")
 
 
+def _drop_nulls(value: Any) -> Any:
+    """The API server drops null fields (and null map values) before defaulting; list items stay."""
+    if isinstance(value, dict):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value]
+    return value
+
+
+def _integral(value: Any, schema: dict) -> Any:
+    """Integer fields as ints (the trainer counts with them): 8.0 becomes 8."""
+    if isinstance(value, float) and schema.get("type") == "integer":
+        return int(value)
+    if isinstance(value, dict):
+        properties, extra = schema.get("properties", {}), schema.get("additionalProperties")
+        for name, item in value.items():
+            sub = properties.get(name, extra if isinstance(extra, dict) else {})
+            value[name] = _integral(item, sub)
+    elif isinstance(value, list):
+        value[:] = [_integral(v, schema.get("items", {})) for v in value]
+    return value
+
+
+# ObjectMeta's own rules, which the API server checks before the CRD's.
+_QUALIFIED_NAME = go_regex(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+_LABEL_VALUE = go_regex(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+
+
+def _is_qualified_name(key: Any) -> bool:
+    return (
+        isinstance(key, str)
+        and len(key.rpartition("/")[0]) <= 253
+        and _QUALIFIED_NAME.search(key) is not None
+    )
+
+
+def _metadata_errors(metadata: Any) -> list[FieldError]:
+    if not isinstance(metadata, dict):
+        return []  # the schema says so
+    errors = []
+    labels, annotations = metadata.get("labels") or {}, metadata.get("annotations") or {}
+    if not isinstance(labels, dict) or not all(
+        _is_qualified_name(k) and isinstance(v, str) and _LABEL_VALUE.search(v)
+        for k, v in labels.items()
+    ):
+        errors.append(FieldError("metadata.labels", "label keys and values must be valid"))
+    if not isinstance(annotations, dict) or not all(
+        _is_qualified_name(k) and isinstance(v, str) for k, v in annotations.items()
+    ):
+        errors.append(FieldError("metadata.annotations", "annotation keys must be qualified names"))
+    return errors
+
+
 def _header_errors(manifest: Any) -> list[FieldError]:
     if not isinstance(manifest, dict):
         return [FieldError("(root)", "a manifest must be a YAML mapping")]
@@ -330,7 +397,7 @@ def _header_errors(manifest: Any) -> list[FieldError]:
         errors.append(FieldError("kind", f"must be {KIND}"))
     if not (manifest.get("metadata") or {}).get("name"):
         errors.append(FieldError("metadata.name", "required"))  # its format is in the CRD
-    return errors
+    return errors + _metadata_errors(manifest.get("metadata"))
 
 
 def check(manifest: Any) -> tuple[dict, list[FieldError]]:
@@ -341,12 +408,12 @@ def check(manifest: Any) -> tuple[dict, list[FieldError]]:
     json_errors = list(_json_errors(manifest, []))
     if json_errors:
         return {}, errors + json_errors
-    defaulted = apply_defaults(copy.deepcopy(manifest), crd_schema())
+    defaulted = apply_defaults(_drop_nulls(manifest), crd_schema())
     schema_errors, blocking = _schema_errors(defaulted)
     errors += [e for e in schema_errors if e not in errors]
     if not blocking:  # as on the API server, CEL rules need a well-typed, bounded object
         errors += _cel_errors(defaulted)
-    return defaulted, errors
+    return _integral(defaulted, crd_schema()), errors
 
 
 class _Loader(yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader):  # type: ignore[misc]
