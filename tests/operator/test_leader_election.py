@@ -244,6 +244,10 @@ def test_killing_the_leader_mid_reconcile_20_times_converges(pair_of, api, clust
     rng = random.Random(12)
     try:
         for kill in range(20):
+            for process in pair.processes.values():  # stepped down on an overloaded machine
+                if not process.alive():
+                    assert "lost the Lease" in process.log_path.read_text(), process.log_tail()
+                    process.start()
             leader = pair.leader()
             k8s.operator = leader
             for name in restarting:  # a real gang failure, once its current gang runs
@@ -319,3 +323,23 @@ def test_a_graceful_stop_hands_the_lease_over_at_once(pair_of, api, cluster, nam
     k8s = K8s(cluster, api, follower)
     k8s.apply(experiment_manifest("after", namespace, accelerator=TWO_HOSTS))
     k8s.wait_running_gang(namespace, "after", 2)
+
+
+def test_a_leader_that_sees_another_holder_exits_at_once_and_the_follower_takes_over(
+    pair_of, api, cluster, namespace
+):
+    """Someone else in the Lease (as after a partition): the leader stops acting by exiting
+    non-zero, for Kubernetes to restart it as a follower."""
+    pair = pair_of()
+    leader = pair.leader()
+    follower = pair.follower(leader)
+    pair.coordination.patch_namespaced_lease(
+        pair.lease_name, OPERATOR_NAMESPACE, {"spec": {"holderIdentity": "intruder"}}
+    )
+    wait_until(lambda: not leader.alive(), 5, "the leader to exit", interval=0.1)
+    assert leader.proc.returncode == 1
+    assert "lost the Lease" in leader.log_path.read_text()
+    assert pair.leader(timeout=10) is follower  # once the intruder's Lease expires
+    k8s = K8s(cluster, api, follower)
+    k8s.apply(experiment_manifest("next", namespace, accelerator=TWO_HOSTS))
+    k8s.wait_running_gang(namespace, "next", 2)
