@@ -140,8 +140,10 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
             log.warning(
                 "reconciles still running after %.0fs; not releasing the Lease", STOP_SECONDS
             )
-    if stopped and getattr(memo, "elector", None) is not None:
-        await memo.elector.release()
+    if getattr(memo, "elector", None) is not None:
+        if stopped:
+            await memo.elector.release()
+        memo.elector.kube.close()
     if getattr(memo, "kube", None) is not None:
         memo.kube.close()
 
