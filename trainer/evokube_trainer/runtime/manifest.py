@@ -160,10 +160,6 @@ def _cel_compare_to(a: Quantity, b: Quantity) -> celtypes.IntType:
     return celtypes.IntType((a > b) - (a < b))
 
 
-def _cel_sign(a: Quantity) -> celtypes.IntType:
-    return celtypes.IntType((a > 0) - (a < 0))
-
-
 # -- defaults ----------------------------------------------------------------
 def apply_defaults(value: Any, schema: dict) -> Any:
     """Fill unset fields with the schema's defaults, as the API server does."""
@@ -270,7 +266,6 @@ _CEL_FUNCTIONS: dict[str, Any] = {
     "isQuantity": _cel_is_quantity,
     "quantity": _cel_quantity,
     "compareTo": _cel_compare_to,
-    "sign": _cel_sign,
 }
 
 
