@@ -36,6 +36,23 @@ class NameConflict(Exception):
         self.name = name
 
 
+# Kinds that grant something to other objects named in them (a RoleBinding: its Role and its
+# ServiceAccount, by name only).
+GRANTING_KINDS = frozenset({"RoleBinding"})
+
+
+def creation_waves(objects: Iterable[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """The owned objects in the order to create them: a RoleBinding only after everything
+    else is known to be the experiment's, so that a foreign ServiceAccount (or Role) under
+    its name is never bound (nor is our ServiceAccount bound to a foreign Role)."""
+    objects = list(objects)
+    waves = [
+        [o for o in objects if o["kind"] not in GRANTING_KINDS],
+        [o for o in objects if o["kind"] in GRANTING_KINDS],
+    ]
+    return [wave for wave in waves if wave]
+
+
 def controller_uid(body: Mapping[str, Any]) -> str | None:
     """The uid of the object's controller (the owner reference with controller: true)."""
     for owner in (body.get("metadata") or {}).get("ownerReferences") or []:

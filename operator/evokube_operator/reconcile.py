@@ -31,6 +31,7 @@ from evokube_operator.ownership import (
     Blocker,
     NameConflict,
     claim_blocker,
+    creation_waves,
     is_owned_by,
     name_conflict,
 )
@@ -227,9 +228,11 @@ class Reconciler:
         conflicts: list[NameConflict] = []
         fresh_generation = memory.statics != (exp.uid, exp.generation)
         if fresh_generation and (creating or "observedGeneration" in patch):
-            objects = builders.static_objects(exp, spec, self.network)
-            conflicts = self.kube.create_owned_all(objects, exp.uid)
-            if not conflicts:
+            for wave in creation_waves(builders.static_objects(exp, spec, self.network)):
+                conflicts = self.kube.create_owned_all(wave, exp.uid)
+                if conflicts:
+                    break
+            else:
                 memory.statics = (exp.uid, exp.generation)
         if creating and cond.is_true(old.conditions, api.COND_BLOCKED):
             conflicts += self._job_name_taken(exp, builders.job_name(exp.name, plan.create_job))

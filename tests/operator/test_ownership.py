@@ -139,6 +139,9 @@ def test_experiments_named_after_foreign_objects_take_over_none_of_them(k8s, nam
         assert not k8s.pods(namespace, name)  # no trainer ever ran as ml-trainer
     assert [j.metadata.name for j in k8s.jobs(namespace, "batch")] == []
     assert fingerprint(k8s, namespace) == before
+    # Nothing binds the foreign ml-trainer (or a blocked experiment's account) to a Role.
+    bindings = {b.metadata.name for b in k8s.rbac.list_namespaced_role_binding(namespace).items}
+    assert bindings == {"ml-trainer-secrets", "app-trainer", "batch-trainer"}
 
     # Renaming or removing the foreign object lets the experiment start.
     k8s.core.delete_namespaced_service("postgres", namespace)

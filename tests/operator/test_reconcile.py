@@ -301,6 +301,15 @@ def test_a_foreign_object_under_an_owned_name_blocks_the_start_and_stays_untouch
     assert kube.experiment["status"]["jobName"] == "demo-0"
 
 
+@pytest.mark.parametrize("kind", ["ServiceAccount", "Role"])
+def test_nothing_is_bound_to_a_foreign_account_or_role(kind):
+    kube = FakeKube(body())
+    kube.objects[kind, "demo-trainer"] = foreign(kind, "demo-trainer")
+    reconciler(kube).reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
+    assert ("create", "RoleBinding") not in kube.calls
+    assert ("RoleBinding", "demo-trainer") not in kube.objects
+
+
 def test_a_foreign_job_under_the_attempts_name_is_never_adopted():
     kube = FakeKube(body())
     kube.objects["Job", "demo-0"] = taken = foreign("Job", "demo-0")
