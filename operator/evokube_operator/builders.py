@@ -4,8 +4,9 @@ Nothing here talks to the API server or reads a clock: the same experiment
 always gives the same objects, so the reconciler can apply them again and
 again (server-side apply) and tests can check them without a cluster.
 
-Names are deterministic, so an operator that restarts finds (adopts) what it
-created before instead of creating it twice:
+Names are deterministic, so an operator that restarts finds what it created
+before instead of creating it twice; it takes up only objects the experiment
+controls (ownership.py), as anybody may take a name first:
 
 | object | name |
 |---|---|
