@@ -210,6 +210,13 @@ def _annotation(key: str) -> dict[str, Any]:
     return {"spec.podAnnotations": {key: "x"}}
 
 
+NODE_PREFERENCE = f"{NODE_AFFINITY}.{PREFERRED}[0].preference"
+
+
+def _node_preference(**term: Any) -> dict[str, Any]:
+    return {NODE_AFFINITY: {PREFERRED: [{"weight": 1, "preference": term}]}}
+
+
 def _ga(pop: int, **ec: Any) -> dict[str, Any]:
     return {"spec.algorithm": {"name": "ga", "ec": ec}, "spec.population.size": pop}
 
@@ -279,7 +286,58 @@ BAD_MANIFESTS += [
             },
         },
     ),
+    BadManifest("hugepages alone", _limits(**{"hugepages-2Mi": "4Mi"}), "spec.resources"),
     # Affinity: typed, no unknown fields.
+    BadManifest(
+        "node field selector on a label",
+        _node_preference(matchFields=[{"key": "pool", "operator": "In", "values": ["a"]}]),
+        f"{NODE_PREFERENCE}.matchFields[0].key",
+    ),
+    BadManifest(
+        "node field selector with two names",
+        _node_preference(
+            matchFields=[{"key": "metadata.name", "operator": "In", "values": ["a", "b"]}]
+        ),
+        f"{NODE_PREFERENCE}.matchFields[0].values",
+    ),
+    BadManifest(
+        "node selector key with a space",
+        _node_preference(matchExpressions=[{"key": "a b", "operator": "Exists"}]),
+        f"{NODE_PREFERENCE}.matchExpressions[0].key",
+    ),
+    BadManifest(
+        "node selector value with a space",
+        _node_preference(matchExpressions=[{"key": "a", "operator": "In", "values": ["b c"]}]),
+        f"{NODE_PREFERENCE}.matchExpressions[0].values[0]",
+    ),
+    BadManifest(
+        "Gt with a word",
+        _node_preference(matchExpressions=[{"key": "n", "operator": "Gt", "values": ["many"]}]),
+        f"{NODE_PREFERENCE}.matchExpressions[0].values",
+    ),
+    BadManifest(
+        "pod affinity namespace not a DNS label",
+        {"spec.affinity.podAffinity": {REQUIRED: [{**POD_TERM, "namespaces": ["Team_A"]}]}},
+        f"spec.affinity.podAffinity.{REQUIRED}[0].namespaces[0]",
+    ),
+    BadManifest(
+        "label selector Exists with values",
+        {
+            "spec.affinity.podAntiAffinity": {
+                REQUIRED: [
+                    {
+                        "labelSelector": {
+                            "matchExpressions": [
+                                {"key": "a", "operator": "Exists", "values": ["x"]}
+                            ]
+                        },
+                        "topologyKey": "zone",
+                    }
+                ]
+            }
+        },
+        f"spec.affinity.podAntiAffinity.{REQUIRED}[0].labelSelector.matchExpressions[0].values",
+    ),
     BadManifest(
         "misspelled affinity key",
         {"spec.affinity": {"nodeAfinity": {}}},
@@ -628,6 +686,11 @@ GOOD_MANIFESTS = [
                             {
                                 "matchExpressions": [
                                     {"key": "cores", "operator": "Gt", "values": ["4"]}
+                                ]
+                            },
+                            {
+                                "matchFields": [
+                                    {"key": "metadata.name", "operator": "NotIn", "values": ["n1"]}
                                 ]
                             },
                         ]
