@@ -127,6 +127,7 @@ HOSTILE: dict[str, tuple[bytes | None, str]] = {
         "".join(f"{' ' * i}k:\n" for i in range(200)).encode(),
         "maximum nesting depth of 32",
     ),
+    "duplicate keys": (b"spec:\n  seed: 1\n  seed: 2\n", "duplicate key 'seed' on line 3"),
     "invalid UTF-8": (b"apiVersion: \xff\xfe\n", "not UTF-8 text"),
     "a directory": (None, "not a regular file"),
     "over a MiB": (b"# " + b"x" * (1 << 20) + b"\n", "larger than 1048576 bytes"),

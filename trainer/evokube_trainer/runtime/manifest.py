@@ -421,17 +421,32 @@ class _Loader(yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader):  
 
 
 def _check_events(text: str) -> None:
-    """Refuse anchors, aliases (billion laughs) and deep nesting before building any object."""
-    depth = 0
+    """Refuse anchors, aliases (billion laughs), deep nesting and duplicate keys (which kubectl
+    refuses too) before building any object."""
+    # One entry per open collection: the keys seen so far (None for a sequence) and whether
+    # the next node of a mapping is a key.
+    open_collections: list[list] = []
     for event in yaml.parse(text, Loader=_Loader):
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
             raise ValueError("YAML anchors and aliases are not supported in manifests")
+        if isinstance(event, yaml.CollectionEndEvent):
+            open_collections.pop()
+            continue
+        if not isinstance(event, yaml.NodeEvent):
+            continue  # stream and document boundaries
+        if open_collections and open_collections[-1][0] is not None:
+            keys, is_key = open_collections[-1][0], open_collections[-1][1]
+            open_collections[-1][1] = not is_key
+            if is_key and isinstance(event, yaml.ScalarEvent):
+                if event.value in keys:
+                    line = event.start_mark.line + 1
+                    raise ValueError(f"duplicate key {shorten(repr(event.value))} on line {line}")
+                keys.add(event.value)
         if isinstance(event, yaml.CollectionStartEvent):
-            depth += 1
-            if depth > MAX_DEPTH:
+            if len(open_collections) == MAX_DEPTH:
                 raise ValueError(f"exceeds the maximum nesting depth of {MAX_DEPTH}")
-        elif isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
+            is_mapping = isinstance(event, yaml.MappingStartEvent)
+            open_collections.append([set() if is_mapping else None, True])
 
 
 def _read_text(path: Path) -> str:
