@@ -321,6 +321,15 @@ BAD_MANIFESTS += [
         f"spec.affinity.podAffinity.{REQUIRED}[0].namespaces[0]",
     ),
     BadManifest(
+        "label selector key with a space",
+        {
+            "spec.affinity.podAffinity": {
+                REQUIRED: [{**POD_TERM, "labelSelector": {"matchLabels": {"a b": "c"}}}]
+            }
+        },
+        f"spec.affinity.podAffinity.{REQUIRED}[0].labelSelector.matchLabels",
+    ),
+    BadManifest(
         "label selector Exists with values",
         {
             "spec.affinity.podAntiAffinity": {
