@@ -235,6 +235,19 @@ BAD_MANIFESTS += [
             "topology with a trailing newline": _tpu("4x4\n"),
         },
     ),
+    BadManifest(
+        "tpu type not a label value",
+        {"spec.accelerator": {"type": "tpu", "tpu": {"type": "tpu v5", "topology": "2x2"}}},
+        "spec.accelerator.tpu.type",
+    ),
+    BadManifest(
+        "gpu product not a label value",
+        {"spec.accelerator": {"type": "gpu", "gpu": {"count": 1, "product": "nvidia/h100"}}},
+        "spec.accelerator.gpu.product",
+    ),
+    BadManifest(
+        "node selector key with a space", {"spec.nodeSelector": {"a b": "c"}}, "spec.nodeSelector"
+    ),
     # Resources.
     *_bad(
         "spec.resources.limits.cpu",
