@@ -116,6 +116,13 @@ def blocked(k8s, namespace, name):
 
 def test_experiments_named_after_foreign_objects_take_over_none_of_them(k8s, namespace):
     foreign_objects(k8s, namespace)
+    k8s.wait(  # the Job controller writes its status once; nobody else should write it
+        lambda: any(
+            c.type == "Suspended"
+            for c in k8s.batch.read_namespaced_job("batch-0", namespace).status.conditions or ()
+        ),
+        "the Job controller to see batch-0 suspended",
+    )
     before = fingerprint(k8s, namespace)
     for name in ("ml", "postgres", "app", "batch"):
         k8s.apply(experiment_manifest(name, namespace, accelerator=ONE_CPU_HOST))
