@@ -1,5 +1,6 @@
 """Shared pytest fixtures: one real control plane per session, a namespace per test."""
 
+import json
 import os
 import re
 import uuid
@@ -66,7 +67,13 @@ def crd(cluster):
     crds = Path(__file__).resolve().parents[1] / "crds"
     # Server-side apply: the CRD is too large for client-side apply's annotation.
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/erlexperiments.evokube.io"
-    )
-    return "erlexperiments.evokube.io"
+    name = "erlexperiments.evokube.io"
+
+    def established() -> bool:
+        # Not `kubectl wait`: it fails at once while a new CRD has no status.conditions yet.
+        crd = json.loads(cluster.kubectl("get", "crd", name, "-o", "json").stdout)
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    wait_until(established, 60, f"CRD {name} Established")
+    return name

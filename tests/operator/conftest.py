@@ -190,13 +190,14 @@ class OperatorProcess:
                 return float(value)
         return 0.0
 
-    def metric_sum(self, name: str) -> float:
-        """The sum over every label set of one metric."""
+    def metric_sum(self, name: str, but: str | None = None) -> float:
+        """The sum over every label set of one metric (but those with the label `but`)."""
         _, text = self.get("/metrics")
         return sum(
             float(line.rsplit(" ", 1)[1])
             for line in text.splitlines()
-            if line.startswith(name + "{") or line.startswith(name + " ")
+            if (line.startswith(name + "{") or line.startswith(name + " "))
+            and (but is None or but not in line)
         )
 
     def log_tail(self, lines: int = 40) -> str:
