@@ -820,3 +820,284 @@ GOOD_MANIFESTS = [
         {"spec.algorithm": {"name": "cma-es"}, "spec.environment.name": "gymnax/CartPole-v1"},
     ),
 ]
+
+
+# Pod settings (issue 13): what the trainer pods may be given, and nothing that shadows the
+# operator's own settings or reaches beyond the safe list of volume kinds.
+def _volume(**source: Any) -> dict[str, Any]:
+    return {"spec.volumes": [{"name": "v", **source}]}
+
+
+def _mount(path: str, **changes: Any) -> dict[str, Any]:
+    return {
+        "spec.volumes": [{"name": "v", "emptyDir": {}}],
+        "spec.volumeMounts": [{"name": "v", "mountPath": path}],
+        **changes,
+    }
+
+
+BAD_MANIFESTS += [
+    BadManifest(
+        "account not a name", {"spec.serviceAccountName": "A B"}, "spec.serviceAccountName"
+    ),
+    *_bad(
+        "spec.terminationGracePeriodSeconds",
+        {
+            "grace period of 0": {"spec.terminationGracePeriodSeconds": 0},
+            "grace period above an hour": {"spec.terminationGracePeriodSeconds": 3601},
+        },
+    ),
+    BadManifest(
+        "pull secret not a name",
+        {"spec.imagePullSecrets": [{"name": "a/b"}]},
+        "spec.imagePullSecrets[0].name",
+    ),
+    *_bad(
+        "spec.env[0].name",
+        {
+            f"env {name}": {"spec.env": [{"name": name, "value": "x"}]}
+            for name in ("EVOKUBE_CHECKPOINT_DIR", "EVOKUBE_ANYTHING", "JAX_PROCESS_ID", "HOME")
+        }
+        | {
+            "env name with =": {"spec.env": [{"name": "A=B", "value": "x"}]},
+            "env name with a digit first": {"spec.env": [{"name": "1A", "value": "x"}]},
+        },
+    ),
+    BadManifest(
+        "XLA_FLAGS on cpu",
+        {"spec.env": [{"name": "XLA_FLAGS", "value": "--xla_dump_to=/tmp"}]},
+        "spec.env",
+    ),
+    BadManifest(
+        "env twice",
+        {"spec.env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]},
+        "spec.env",
+    ),
+    BadManifest("33 env", {"spec.env": [{"name": f"A{i}"} for i in range(33)]}, "spec.env"),
+    BadManifest(
+        "env value too long",
+        {"spec.env": [{"name": "A", "value": "x" * 2049}]},
+        "spec.env[0].value",
+    ),
+    BadManifest(
+        "env value and valueFrom",
+        {
+            "spec.env": [
+                {
+                    "name": "A",
+                    "value": "x",
+                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                }
+            ]
+        },
+        "spec.env[0].valueFrom",
+    ),
+    BadManifest(
+        "env valueFrom of two sources",
+        {
+            "spec.env": [
+                {
+                    "name": "A",
+                    "valueFrom": {
+                        "fieldRef": {"fieldPath": "metadata.name"},
+                        "secretKeyRef": {"name": "s", "key": "k"},
+                    },
+                }
+            ]
+        },
+        "spec.env[0].valueFrom",
+    ),
+    BadManifest(
+        "env fieldRef to the spec",
+        {"spec.env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "spec.containers"}}}]},
+        "spec.env[0].valueFrom.fieldRef.fieldPath",
+    ),
+    BadManifest(
+        "env resourceFieldRef to a gpu",
+        {
+            "spec.env": [
+                {
+                    "name": "A",
+                    "valueFrom": {"resourceFieldRef": {"resource": "limits.nvidia.com/gpu"}},
+                }
+            ]
+        },
+        "spec.env[0].valueFrom.resourceFieldRef.resource",
+    ),
+    BadManifest(
+        "envFrom of both kinds",
+        {"spec.envFrom": [{"secretRef": {"name": "s"}, "configMapRef": {"name": "c"}}]},
+        "spec.envFrom[0]",
+    ),
+    BadManifest(
+        "envFrom prefix with a space",
+        {"spec.envFrom": [{"prefix": "A B", "secretRef": {"name": "s"}}]},
+        "spec.envFrom[0].prefix",
+    ),
+    # Beside a kind of the list, so that only the unknown field is wrong: the API server's strict
+    # decoding stops there, before any rule.
+    BadManifest(
+        "hostPath volume", _volume(emptyDir={}, hostPath={"path": "/"}), "spec.volumes[0].hostPath"
+    ),
+    BadManifest("volume of no kind", _volume(), "spec.volumes[0]"),
+    BadManifest(
+        "volume of two kinds", _volume(emptyDir={}, configMap={"name": "c"}), "spec.volumes[0]"
+    ),
+    BadManifest(
+        "Memory emptyDir without a size",
+        _volume(emptyDir={"medium": "Memory"}),
+        "spec.volumes[0].emptyDir.sizeLimit",
+    ),
+    BadManifest(
+        "emptyDir on hugepages",
+        _volume(emptyDir={"medium": "HugePages"}),
+        "spec.volumes[0].emptyDir.medium",
+    ),
+    BadManifest(
+        "projected service account token",
+        _volume(
+            projected={"sources": [{"secret": {"name": "s"}, "serviceAccountToken": {"path": "t"}}]}
+        ),
+        "spec.volumes[0].projected.sources[0].serviceAccountToken",
+    ),
+    BadManifest(
+        "secret item path with ..",
+        _volume(secret={"secretName": "s", "items": [{"key": "k", "path": "a/../../b"}]}),
+        "spec.volumes[0].secret.items[0].path",
+    ),
+    *_bad(
+        "spec.volumes[0].name",
+        {
+            f"volume named {name}": {"spec.volumes": [{"name": name, "emptyDir": {}}]}
+            for name in ("scratch", "manifest", "checkpoints", "evokube-api-access")
+        },
+    ),
+    BadManifest(
+        "two volumes of one name",
+        {"spec.volumes": [{"name": "v", "emptyDir": {}}, {"name": "v", "emptyDir": {}}]},
+        "spec.volumes",
+    ),
+    BadManifest(
+        "mount of no volume",
+        {"spec.volumeMounts": [{"name": "v", "mountPath": "/data"}]},
+        "spec.volumeMounts",
+    ),
+    *_bad(
+        "spec.volumeMounts[0].mountPath",
+        {
+            f"mount at {path}": _mount(path)
+            for path in (
+                "/",
+                "/etc",
+                "/etc/evokube",
+                "/tmp",
+                "/tmp/x",
+                "/var",
+                "/var/run/secrets/kubernetes.io/serviceaccount",
+                "/run/secrets",
+                "/dev",
+                "/dev/nvidia0",
+                "/proc/self",
+                "/usr/lib",
+                "/lib64",
+                "relative",
+                "/data/../etc",
+            )
+        },
+    ),
+    *_bad(
+        "spec.volumeMounts",
+        {
+            "mount at the checkpoint location": _mount("/checkpoints"),
+            "mount under the checkpoint location": _mount(
+                "/ckpt/x", **{"spec.checkpoint": {"location": "/ckpt"}}
+            ),
+            "mount above the checkpoint location": _mount(
+                "/data", **{"spec.checkpoint": {"location": "/data/ckpt"}}
+            ),
+            "two mounts at one path": {
+                "spec.volumes": [{"name": "v", "emptyDir": {}}, {"name": "w", "emptyDir": {}}],
+                "spec.volumeMounts": [
+                    {"name": "v", "mountPath": "/data"},
+                    {"name": "w", "mountPath": "/data"},
+                ],
+            },
+        },
+    ),
+]
+
+GOOD_MANIFESTS += [
+    GoodManifest(
+        "pod settings",
+        {
+            "spec.serviceAccountName": "wandb-trainer",
+            "spec.terminationGracePeriodSeconds": 3600,
+            "spec.imagePullSecrets": [{"name": "registry"}],
+            "spec.accelerator": {"type": "gpu", "gpu": {"count": 1}},
+            "spec.env": [
+                {"name": "XLA_FLAGS", "value": "--xla_gpu_enable_latency_hiding_scheduler=true"},
+                {"name": "NCCL_DEBUG", "value": "INFO"},
+                {"name": "LIBTPU_INIT_ARGS", "value": ""},
+                {
+                    "name": "WANDB_API_KEY",
+                    "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "key"}},
+                },
+                {
+                    "name": "RUN",
+                    "valueFrom": {"configMapKeyRef": {"name": "c", "key": "run", "optional": True}},
+                },
+                {
+                    "name": "POD",
+                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['team']"}},
+                },
+                {
+                    "name": "NODE",
+                    "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "spec.nodeName"}},
+                },
+                {
+                    "name": "MEM",
+                    "valueFrom": {
+                        "resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}
+                    },
+                },
+            ],
+            "spec.envFrom": [
+                {"prefix": "WANDB_", "secretRef": {"name": "wandb"}},
+                {"configMapRef": {"name": "c", "optional": True}},
+            ],
+            "spec.volumes": [
+                {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+                {"name": "data", "persistentVolumeClaim": {"claimName": "data", "readOnly": True}},
+                {
+                    "name": "conf",
+                    "configMap": {
+                        "name": "c",
+                        "items": [{"key": "k", "path": "a/b.yaml", "mode": 0o444}],
+                    },
+                },
+                {"name": "key", "secret": {"secretName": "gcs-key", "defaultMode": 0o400}},
+                {
+                    "name": "bucket",
+                    "csi": {
+                        "driver": "gcsfuse.csi.storage.gke.io",
+                        "volumeAttributes": {"bucketName": "b"},
+                    },
+                },
+                {
+                    "name": "both",
+                    "projected": {
+                        "sources": [{"configMap": {"name": "c"}}, {"secret": {"name": "s"}}]
+                    },
+                },
+            ],
+            "spec.volumeMounts": [
+                {"name": "shm", "mountPath": "/dev/shm"},
+                {"name": "data", "mountPath": "/data", "readOnly": True},
+                {"name": "conf", "mountPath": "/etc/trainer"},
+                {"name": "key", "mountPath": "/var/secrets/gcs"},
+                {"name": "bucket", "mountPath": "/checkpoints-old"},
+                {"name": "both", "mountPath": "/config"},
+            ],
+        },
+    ),
+]
