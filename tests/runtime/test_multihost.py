@@ -61,7 +61,7 @@ CEMRL = {
 }
 
 
-def start_run(tmp_path, doc, *extra_args):
+def start_run(tmp_path, doc, *extra_args, env=None):
     path = tmp_path / f"{doc['metadata']['name']}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return subprocess.Popen(
@@ -76,6 +76,7 @@ def start_run(tmp_path, doc, *extra_args):
             *extra_args,
         ],
         cwd=REPO,
+        env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -15,7 +15,7 @@ import pytest
 
 from evokube_trainer.agents import TD3Config
 from evokube_trainer.recorders import MemoryRecorder
-from evokube_trainer.runtime.checkpoints import Checkpointer
+from evokube_trainer.runtime.checkpoints import Checkpointer, IncompatibleCheckpoint
 from evokube_trainer.workflows import (
     CEMRLConfig,
     ECConfig,
@@ -261,12 +261,14 @@ def test_a_restored_state_compiles_to_the_first_runs_program(tiny_erl, tmp_path)
     assert fns.step.lower(restored).as_text() == fns.step.lower(state).as_text()
 
 
-def test_a_checkpoint_of_another_workflow_is_not_restored(tiny_erl, tiny_cemrl, tmp_path):
+def test_a_checkpoint_of_another_workflow_is_refused(tiny_erl, tiny_cemrl, tmp_path):
+    """Not skipped: a silent fresh start would lose the run (exit 78 names the checkpoint)."""
     _, erl_fns = tiny_erl
     checkpointer = Checkpointer(tmp_path, interval=1, keep=2)
     checkpointer.save(1, erl_fns.init(jax.random.PRNGKey(0)))
     cemrl_like = jax.eval_shape(tiny_cemrl[0].init, jax.random.PRNGKey(0))
-    assert checkpointer.restore_latest(cemrl_like) is None
+    with pytest.raises(IncompatibleCheckpoint, match="checkpoint 1 at "):
+        checkpointer.restore_latest(cemrl_like)
 
 
 def test_donated_step_reuses_the_state_and_computes_the_same(tiny_erl):

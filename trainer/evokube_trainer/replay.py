@@ -23,9 +23,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
-__all__ = ["ReplayBuffer", "ReplayState", "Transition"]
+__all__ = ["ReplayBuffer", "ReplayState", "Transition", "resize_newest"]
 
 Array = jax.Array
 
@@ -154,3 +155,22 @@ class ReplayBuffer:
         """True once at least `min_size` (default `sample_batch_size`) items are stored."""
         threshold = self.sample_batch_size if min_size is None else min_size
         return state.size >= threshold
+
+
+def resize_newest(data: Any, insert_pos: int, size: int, capacity: int) -> tuple[Any, int, int]:
+    """The same buffer re-laid out for `capacity` (host numpy, for a resumed run whose capacity
+    changed): the newest `min(size, capacity)` items, oldest first at slot 0, as `add` would
+    have left them had they been inserted in order into an empty buffer of that capacity.
+    Returns `(data, insert_pos, size)`."""
+    old_capacity = jax.tree.leaves(data)[0].shape[0]
+    kept = min(int(size), capacity)
+    # The newest item sits just before insert_pos (a buffer that never wrapped has
+    # insert_pos == size, so this covers both cases).
+    index = (int(insert_pos) - kept + np.arange(kept)) % old_capacity
+
+    def move(stored):
+        resized = np.zeros((capacity, *stored.shape[1:]), stored.dtype)
+        resized[:kept] = np.asarray(stored)[index]
+        return resized
+
+    return jax.tree.map(move, data), kept % capacity, kept

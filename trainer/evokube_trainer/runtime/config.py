@@ -102,6 +102,9 @@ class RunConfig:
     metrics_port: int
     devices_per_host: int
     hosts: int
+    # The manifest's spec as given, kept with every checkpoint to name what changed when a
+    # later life of the run cannot restore it.
+    spec: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def _ec_options(algorithm: Mapping[str, Any], optimizer: str, pop: int, errors: list) -> dict:
@@ -213,4 +216,5 @@ def _run_config(manifest: Mapping[str, Any]) -> RunConfig:
         metrics_port=spec["metricsPort"],
         devices_per_host=accelerator["devicesPerHost"],
         hosts=accelerator.get("hosts", 1),
+        spec=spec,
     )

@@ -29,10 +29,29 @@ def main() -> int:
         return _run(log)
     except exitcodes.PermanentError as err:
         log.error("permanent failure: %s", err)
+        write_termination_message(f"permanent failure: {err}")
         return exitcodes.PERMANENT
+    except exitcodes.RetriableError as err:
+        log.error("retriable failure: %s", err)
+        write_termination_message(f"retriable failure: {err}")
+        return exitcodes.RETRIABLE
     except Exception:  # anything else may be the infrastructure: let the operator retry
         log.exception("trainer failed")
         return exitcodes.RETRIABLE
+
+
+def write_termination_message(reason: str) -> None:
+    """Put `reason` where the kubelet reads the container's termination message (the operator
+    copies it into the experiment's status), so it is not lost among later log lines. Outside a
+    pod (no such file) this does nothing; the reason is in the log either way."""
+    path = os.environ.get("EVOKUBE_TERMINATION_LOG", "/dev/termination-log")
+    if not os.path.exists(path):
+        return
+    try:
+        with open(path, "w") as f:
+            f.write(reason[-4000:])  # the kubelet keeps at most 4096 bytes
+    except OSError:
+        pass
 
 
 def _run(log: logging.Logger) -> int:

@@ -92,6 +92,7 @@ class _Generations:
     reporter: StatusReporter | None
     flags: StopFlags
     env_steps: int
+    layout: Mapping[str, object] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     code: int = CONTINUE
     reason: str = ""
@@ -109,7 +110,7 @@ class _Generations:
         self.reason = reason or ("a peer was preempted" if self.code == STOP_PREEMPTED else "")
         self.generation = generation
         if self.checkpointer and (self.code != CONTINUE or self.checkpointer.due(generation)):
-            self.checkpointer.save(generation, state)
+            self.checkpointer.save(generation, state, self.layout)
             self.metrics.record_checkpoint(time.time())
         if self.reporter is not None and jax.process_index() == 0:
             self.reporter.report(**_progress(host, self.checkpointer))
@@ -151,13 +152,14 @@ def train(
     fns = jit_workflow(workflow, donate=True)  # learn keeps only the newest state
     key = jax.random.PRNGKey(config.seed)
     checkpointer = state = None
+    record = _layout_record(config)
     if checkpoint_dir:
         checkpointer = Checkpointer(
             os.path.join(checkpoint_dir, "checkpoints"),
             interval=config.checkpoint_interval,
             keep=config.checkpoint_keep,
         )
-        restored = checkpointer.restore_latest(_restore_template(workflow, layout))
+        restored = checkpointer.restore_latest(_restore_template(workflow, layout), record)
         if restored is not None:
             state, generation = restored
             log.info("resumed from checkpoint at generation %d", generation)
@@ -170,7 +172,7 @@ def train(
     ):
         return Outcome(exitcodes.SUCCESS, generation, "the checkpoint already met the criteria")
     loop = _Generations(
-        config, metrics, checkpointer, status_reporter, flags or StopFlags(), env_steps
+        config, metrics, checkpointer, status_reporter, flags or StopFlags(), env_steps, record
     )
     try:
         workflow.learn(
@@ -188,6 +190,15 @@ def train(
             status_reporter.close()
     code = exitcodes.RETRIABLE if loop.code == STOP_PREEMPTED else exitcodes.SUCCESS
     return Outcome(code, loop.generation, loop.reason)
+
+
+def _layout_record(config: RunConfig) -> dict:
+    """What each checkpoint records about the run that wrote it (see `Checkpointer.save`)."""
+    return {
+        "spec": dict(config.spec),
+        "processes": jax.process_count(),
+        "devices": jax.device_count(),
+    }
 
 
 def _restore_template(workflow, layout):

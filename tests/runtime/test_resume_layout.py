@@ -1,0 +1,93 @@
+"""Resuming a run whose layout changed: real `evokube run`s on the same run folder.
+
+The first life checkpoints, the spec changes (devices per host, hosts, the policy), and the
+second life either continues the same run from the checkpoint (the state is resharded into
+the new layout, the replay buffer re-laid out) or exits 78 naming the checkpoint and the
+field that changed. Never a silent start from generation 1.
+"""
+
+import copy
+
+import pytest
+
+from evokube_trainer.runtime import exitcodes
+from tests.runtime.test_multihost import CEMRL, experiment, finish, history, start_run
+
+EPISODE = 20  # steps: short generations keep each test's two runs within a minute
+
+
+def first_life(tmp_path, name, hosts, devices, population=8):
+    doc = experiment(name, algorithm=CEMRL, hosts=hosts, devices=devices, generations=1, interval=1)
+    doc["spec"]["population"]["size"] = population  # divisible by every device count it meets
+    doc["spec"]["environment"]["episodeLength"] = EPISODE
+    code, out = finish(start_run(tmp_path, doc))
+    assert code == 0, out
+    assert [r["generation"] for r in history(tmp_path, name)] == [1]
+    return doc
+
+
+def changed(doc, *, generations, hosts=None, devices=None, hidden=None):
+    doc = copy.deepcopy(doc)
+    spec = doc["spec"]
+    spec["stopping"]["maxGenerations"] = generations
+    if hosts is not None:
+        spec["accelerator"]["hosts"] = hosts
+    if devices is not None:
+        spec["accelerator"]["devicesPerHost"] = devices
+    if hidden is not None:
+        spec["policy"]["hiddenLayers"] = hidden
+    return doc
+
+
+def checkpoints(tmp_path, name):
+    folder = tmp_path / "runs" / name / "checkpoints"
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "population", "capacity"),
+    [
+        ((1, 1), (1, 3), 6, "replay capacity 4000 -> 4002"),  # rounded up to 3 shards
+        ((1, 2), (1, 4), 8, None),
+        ((1, 4), (1, 2), 8, None),
+        ((1, 1), (2, 1), 8, None),
+    ],
+    ids=["1-to-3-devices", "2-to-4-devices", "4-to-2-devices", "1-to-2-hosts"],
+)
+def test_a_resized_run_continues_from_its_checkpoint(tmp_path, before, after, population, capacity):
+    name = "resize"
+    doc = first_life(tmp_path, name, *before, population)
+    first = history(tmp_path, name)
+
+    resized = changed(doc, generations=3, hosts=after[0], devices=after[1])
+    code, out = finish(start_run(tmp_path, resized))
+    assert code == 0, out
+    log = (tmp_path / "runs" / name / "logs" / "process-0.log").read_text()
+    assert "resumed from checkpoint at generation 1" in log
+    rows = history(tmp_path, name)
+    assert [r["generation"] for r in rows] == [1, 2, 3]  # continued, not started afresh
+    assert rows[:1] == first  # generation 1 was not run again
+    assert rows[2]["env_steps"] - rows[0]["env_steps"] == 2 * population * EPISODE
+    assert checkpoints(tmp_path, name)[-1] == 3  # the new life's checkpoints are written
+    if capacity:
+        assert capacity in log and "kept the newest" in log
+
+
+def test_a_checkpoint_that_cannot_be_resharded_stops_the_run_with_its_reason(tmp_path):
+    name = "reshaped"
+    doc = first_life(tmp_path, name, 1, 1)
+    reason_file = tmp_path / "termination-log"
+    reason_file.write_text("")
+    environment = {"EVOKUBE_TERMINATION_LOG": str(reason_file)}
+    code, out = finish(
+        start_run(tmp_path, changed(doc, generations=3, hidden=[32, 32]), env=environment)
+    )
+    assert code == exitcodes.PERMANENT, out
+    reason = reason_file.read_text()
+    folder = tmp_path / "runs" / name / "checkpoints"
+    assert reason.startswith(f"permanent failure: checkpoint 1 at {folder / '1'} cannot be")
+    assert "spec.policy.hiddenLayers: [16, 16] -> [32, 32]" in reason
+    assert "float32 there," in reason and "float32 now" in reason
+    assert reason in out  # `evokube run` shows the log's last line
+    assert checkpoints(tmp_path, name) == [1]  # nothing deleted, nothing overwritten
+    assert [r["generation"] for r in history(tmp_path, name)] == [1]
