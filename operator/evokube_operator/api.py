@@ -50,6 +50,15 @@ MANIFEST_ANNOTATION: Final = "evokube.io/manifest"
 # A PersistentVolumeClaim may be an experiment's checkpoint volume only with this label set to
 # "true", by someone allowed to edit claims (experiment authors must not mount any claim).
 LABEL_CHECKPOINT_CLAIM: Final = "evokube.io/checkpoint-claim"
+# The same for a ServiceAccount that spec.serviceAccountName names: running as any account of the
+# namespace would hand the author that account's rights (and cloud identity).
+LABEL_TRAINER_ACCOUNT: Final = "evokube.io/trainer-account"
+# Namespace annotations listing, comma-separated, the Secrets and ConfigMaps experiments may
+# reference (env, envFrom, volumes, imagePullSecrets): set by whoever may edit the namespace, so
+# that an author who may not read Secrets cannot mount one into their own image. The operator
+# reads namespaces, never Secrets.
+ANNOTATION_TRAINER_SECRETS: Final = "evokube.io/trainer-secrets"
+ANNOTATION_TRAINER_CONFIGMAPS: Final = "evokube.io/trainer-configmaps"
 DEFAULT_CHECKPOINT_DIR: Final = "/checkpoints"
 TRAINER_UID: Final = 1000  # non-root user of the trainer images
 # The root filesystem is read-only: an emptyDir here is the trainer's scratch space and its
@@ -114,6 +123,10 @@ REASON_INVALID_SPEC: Final = "InvalidSpec"
 REASON_NAME_CONFLICT: Final = "NameConflict"
 # Blocked: the checkpoint claim is missing or not labelled LABEL_CHECKPOINT_CLAIM=true.
 REASON_CLAIM_NOT_ALLOWED: Final = "ClaimNotAllowed"
+# Blocked: spec.serviceAccountName is missing or not labelled LABEL_TRAINER_ACCOUNT=true.
+REASON_ACCOUNT_NOT_ALLOWED: Final = "AccountNotAllowed"
+# Blocked: a Secret or ConfigMap the spec references is not listed in the namespace's annotation.
+REASON_REFERENCE_NOT_ALLOWED: Final = "ReferenceNotAllowed"
 REASON_UNBLOCKED: Final = "Unblocked"  # Blocked False: the cause is gone
 # Restarting: someone else deleted the current Job; the next attempt starts (a preemption).
 REASON_JOB_DELETED: Final = "JobDeleted"

@@ -46,6 +46,11 @@ def trainer_account_name(experiment: str) -> str:
     return f"{experiment}-trainer"
 
 
+def pod_account_name(exp: Experiment, spec: ExperimentSpec) -> str:
+    """The account the pods run as: spec.serviceAccountName (opted in), else the operator's."""
+    return spec.service_account_name or trainer_account_name(exp.name)
+
+
 def job_name(experiment: str, attempt: int) -> str:
     return f"{experiment}-{attempt}"
 
@@ -198,14 +203,16 @@ def role(exp: Experiment) -> dict[str, Any]:
     }
 
 
-def role_binding(exp: Experiment) -> dict[str, Any]:
+def role_binding(exp: Experiment, spec: ExperimentSpec) -> dict[str, Any]:
+    """The status Role, granted to the account the pods run as."""
     name = trainer_account_name(exp.name)
+    account = pod_account_name(exp, spec)
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
         "metadata": _metadata(exp, name),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": exp.namespace}],
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": exp.namespace}],
     }
 
 
@@ -214,14 +221,14 @@ def static_objects(
 ) -> list[dict[str, Any]]:
     """Everything but the Job; all of it must exist before the Job (its pods need it).
 
-    `network` None: no NetworkPolicy (the operator's --no-network-policy).
+    `network` None: no NetworkPolicy (the operator's --no-network-policy). With
+    spec.serviceAccountName the pods run as that (existing, opted-in) account: no
+    ServiceAccount of our own.
     """
-    objects = [
-        service(exp, spec),
-        service_account(exp),
-        role(exp),
-        role_binding(exp),
-    ]
+    objects = [service(exp, spec)]
+    if not spec.service_account_name:
+        objects.append(service_account(exp))
+    objects += [role(exp), role_binding(exp, spec)]
     if network is not None:
         objects.append(network_policy(exp, spec, network))
     return objects
@@ -401,7 +408,8 @@ def job(
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": list(api.TRAINER_COMMAND),
-        "env": trainer_env(exp, spec, attempt),
+        # The contract's variables first; spec.env may not name them (the CRD refuses it).
+        "env": [*trainer_env(exp, spec, attempt), *plain(spec.env)],
         "ports": [
             {"name": "coordinator", "containerPort": spec.coordinator_port, "protocol": "TCP"},
             {"name": "metrics", "containerPort": spec.metrics_port, "protocol": "TCP"},
@@ -410,18 +418,21 @@ def job(
             {"name": "manifest", "mountPath": api.MANIFEST_DIR, "readOnly": True},
             {"name": "scratch", "mountPath": api.SCRATCH_DIR},
             *checkpoint_mounts,
+            *plain(spec.volume_mounts),
         ],
         "securityContext": container_security,
         # A trainer that fails says why in its last log lines; status shows them.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    if spec.env_from:  # env, the contract's above all, wins over envFrom
+        container["envFrom"] = plain(spec.env_from)
     resources = container_resources(spec)
     if resources:
         container["resources"] = resources
     pod_spec: dict[str, Any] = {
         "subdomain": service_name(exp.name),
         "restartPolicy": "Never",
-        "serviceAccountName": trainer_account_name(exp.name),
+        "serviceAccountName": pod_account_name(exp, spec),
         # Only host 0 reports status: the chart's MutatingAdmissionPolicy mounts a token
         # into the pod of completion index 0 alone (docs/security.md).
         "automountServiceAccountToken": False,
@@ -432,8 +443,13 @@ def job(
             manifest_volume(),
             {"name": "scratch", "emptyDir": {}},
             *checkpoint_volumes,
+            *plain(spec.volumes),
         ],
     }
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in spec.image_pull_secrets]
+    if spec.termination_grace_period_seconds is not None:
+        pod_spec["terminationGracePeriodSeconds"] = spec.termination_grace_period_seconds
     node_selector = {**spec.node_selector, **accelerator_node_selector(acc)}
     if node_selector:
         pod_spec["nodeSelector"] = node_selector

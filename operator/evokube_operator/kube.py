@@ -29,6 +29,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "ServiceAccount": ("/api/v1", "serviceaccounts"),
     "Event": ("/api/v1", "events"),
     "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
+    "Namespace": ("/api/v1", "namespaces"),  # cluster-scoped: read by name alone
     "Job": ("/apis/batch/v1", "jobs"),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
@@ -95,7 +96,11 @@ class Kube:
     # -- transport --------------------------------------------------------------------
     def _path(self, kind: str, namespace: str, name: str | None = None, sub: str = "") -> str:
         prefix, plural = KINDS[kind]
-        path = f"{prefix}/namespaces/{quote(namespace)}/{plural}"
+        path = (
+            f"{prefix}/{plural}"
+            if kind == "Namespace"
+            else f"{prefix}/namespaces/{quote(namespace)}/{plural}"
+        )
         if name is not None:
             path += f"/{quote(name)}"
         return path + (f"/{sub}" if sub else "")

@@ -5,7 +5,9 @@ Every name the operator uses is deterministic (`<name>`, `<name>-trainer`,
 object is the experiment's only when its controller ownerReference carries the
 experiment's uid; anything else under one of its names is a name conflict: the
 experiment waits, Blocked, and the foreign object stays untouched. The same goes
-for a checkpoint claim that was not opted in with LABEL_CHECKPOINT_CLAIM.
+for what the pods would use of the namespace and was not opted in: a claim
+without LABEL_CHECKPOINT_CLAIM, a ServiceAccount without LABEL_TRAINER_ACCOUNT,
+a Secret or ConfigMap the namespace's annotation does not list.
 
 Pure functions of object bodies; kube.py and reconcile.py act on their answers.
 """
@@ -17,13 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from evokube_operator import api
+from evokube_operator.spec import Reference
 
 
 @dataclass(frozen=True)
 class Blocker:
     """Why the experiment's next Job cannot be created until a person acts (condition Blocked)."""
 
-    reason: str  # api.REASON_NAME_CONFLICT | api.REASON_CLAIM_NOT_ALLOWED
+    reason: str  # api.REASON_NAME_CONFLICT | api.REASON_*_NOT_ALLOWED
     message: str
 
 
@@ -77,17 +80,69 @@ def name_conflict(conflicts: Iterable[NameConflict]) -> Blocker | None:
     )
 
 
-def claim_blocker(claim: str, pvc: Mapping[str, Any] | None) -> Blocker | None:
-    """None when the claim may be mounted: it exists and carries the opt-in label."""
-    opt_in = f'{api.LABEL_CHECKPOINT_CLAIM}: "true"'
-    if pvc is None:
-        message = f"PersistentVolumeClaim {claim} does not exist (it also needs the label {opt_in})"
-        return Blocker(api.REASON_CLAIM_NOT_ALLOWED, message)
-    labels = (pvc.get("metadata") or {}).get("labels") or {}
-    if labels.get(api.LABEL_CHECKPOINT_CLAIM) != "true":
-        message = (
-            f"PersistentVolumeClaim {claim} lacks the label {opt_in}, which whoever may edit "
-            "claims sets to let experiments mount it for checkpoints"
-        )
-        return Blocker(api.REASON_CLAIM_NOT_ALLOWED, message)
-    return None
+@dataclass(frozen=True)
+class OptIn:
+    """The label by which an object of a kind lets experiments use it, set to "true" by
+    whoever may edit such objects (an experiment author need not be one of them)."""
+
+    label: str
+    reason: str  # of the Blocked condition while it is missing
+    use: str  # what the label lets experiments do, for the message
+
+
+# Objects of the namespace the pods use only once they opted in with a label.
+LABEL_OPT_INS: dict[str, OptIn] = {
+    "PersistentVolumeClaim": OptIn(
+        api.LABEL_CHECKPOINT_CLAIM, api.REASON_CLAIM_NOT_ALLOWED, "mount it"
+    ),
+    "ServiceAccount": OptIn(
+        api.LABEL_TRAINER_ACCOUNT, api.REASON_ACCOUNT_NOT_ALLOWED, "run their pods as it"
+    ),
+}
+# Objects of the namespace the pods use only once the namespace lists them in an annotation
+# (the operator may not read Secrets, so the opt-in cannot be on the object itself).
+LISTING_ANNOTATIONS: dict[str, str] = {
+    "Secret": api.ANNOTATION_TRAINER_SECRETS,
+    "ConfigMap": api.ANNOTATION_TRAINER_CONFIGMAPS,
+}
+
+
+def opt_in_blocker(ref: Reference, body: Mapping[str, Any] | None) -> Blocker | None:
+    """None when the object `ref` names may be used: it exists and carries its opt-in label."""
+    opt_in = LABEL_OPT_INS[ref.kind]
+    wanted = f'{opt_in.label}: "true"'
+    if body is None:
+        message = f"{ref.kind} {ref.name} does not exist (it also needs the label {wanted})"
+        return Blocker(opt_in.reason, f"{ref.field}: {message}")
+    labels = (body.get("metadata") or {}).get("labels") or {}
+    if labels.get(opt_in.label) == "true":
+        return None
+    message = (
+        f"{ref.field}: {ref.kind} {ref.name} lacks the label {wanted}, which whoever may "
+        f"edit it sets to let experiments {opt_in.use}"
+    )
+    return Blocker(opt_in.reason, message)
+
+
+def listed_names(namespace: Mapping[str, Any] | None, kind: str) -> frozenset[str]:
+    """The names of `kind` the namespace's annotation lets experiments use."""
+    annotations = ((namespace or {}).get("metadata") or {}).get("annotations") or {}
+    listed = annotations.get(LISTING_ANNOTATIONS[kind]) or ""
+    return frozenset(name.strip() for name in listed.split(",") if name.strip())
+
+
+def listing_blocker(
+    refs: Iterable[Reference], namespace: Mapping[str, Any] | None
+) -> Blocker | None:
+    """None when the namespace lists every Secret and ConfigMap in `refs`; else one Blocker
+    naming each field, object and annotation."""
+    unlisted = [
+        f"{ref.field}: {ref.kind} {ref.name} is not listed in the namespace's annotation "
+        f"{LISTING_ANNOTATIONS[ref.kind]}"
+        for ref in refs
+        if ref.kind in LISTING_ANNOTATIONS and ref.name not in listed_names(namespace, ref.kind)
+    ]
+    if not unlisted:
+        return None
+    message = "; ".join(unlisted) + " (whoever may edit the namespace lists the names there)"
+    return Blocker(api.REASON_REFERENCE_NOT_ALLOWED, message)

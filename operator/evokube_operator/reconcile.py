@@ -28,12 +28,15 @@ from evokube_operator.decide import JOB_EVENTS_REQUEUE_SECONDS, Observation, Pla
 from evokube_operator.kube import ApiError, Kube
 from evokube_operator.observe import JobEvent, JobView, PodView
 from evokube_operator.ownership import (
+    LABEL_OPT_INS,
+    LISTING_ANNOTATIONS,
     Blocker,
     NameConflict,
-    claim_blocker,
     creation_waves,
     is_owned_by,
+    listing_blocker,
     name_conflict,
+    opt_in_blocker,
 )
 from evokube_operator.policies import startup
 from evokube_operator.spec import Experiment, ExperimentSpec
@@ -213,16 +216,17 @@ class Reconciler:
     ) -> Blocker | None:
         """Before the status write: what keeps the plan's Job from being created, if anything.
 
-        The checkpoint claim must be opted in; the owned objects are created (or, ours
-        already, applied) once per generation and process; while Blocked, the Job's own
-        name is looked at too. Only the first two cost calls on a plain launch.
+        What the pods would use of the namespace must have opted in (_references_blocker);
+        the owned objects are created (or, ours already, applied) once per generation and
+        process; while Blocked, the Job's own name is looked at too. Only the first two cost
+        calls on a plain launch.
         """
         spec = plan.spec
         if spec is None or plan.status.phase not in ACTIVE_PHASES:
             return None
         creating = plan.create_job is not None
-        if creating and spec.checkpoint_claim:
-            blocker = claim_blocker(spec.checkpoint_claim, self._read_claim(exp, spec))
+        if creating:
+            blocker = self._references_blocker(exp, spec)
             if blocker is not None:
                 return blocker
         conflicts: list[NameConflict] = []
@@ -259,9 +263,23 @@ class Reconciler:
                 return replace(observation, jobs=(*observation.jobs, view))
         return replace(observation, job_gone=uid)
 
-    def _read_claim(self, exp: Experiment, spec: ExperimentSpec) -> dict[str, Any] | None:
+    def _references_blocker(self, exp: Experiment, spec: ExperimentSpec) -> Blocker | None:
+        """The first reason the spec's references keep the Job from being created: an account or
+        claim without its opt-in label (each read), a Secret or ConfigMap the namespace does not
+        list (the namespace read once; Secrets never)."""
+        refs = spec.references()
+        for ref in refs:
+            if ref.kind in LABEL_OPT_INS:
+                blocker = opt_in_blocker(ref, self._read_or_none(ref.kind, exp.namespace, ref.name))
+                if blocker is not None:
+                    return blocker
+        if not any(ref.kind in LISTING_ANNOTATIONS for ref in refs):
+            return None
+        return listing_blocker(refs, self._read_or_none("Namespace", "", exp.namespace))
+
+    def _read_or_none(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return self.kube.get("PersistentVolumeClaim", exp.namespace, spec.checkpoint_claim)
+            return self.kube.get(kind, namespace, name)
         except ApiError as err:
             if err.status == 404:
                 return None

@@ -34,6 +34,15 @@ class Accelerator:
 
 
 @dataclass(frozen=True)
+class Reference:
+    """An object of the namespace the trainer pods would use, and the field that names it."""
+
+    kind: str  # Secret | ConfigMap | PersistentVolumeClaim | ServiceAccount
+    name: str
+    field: str  # spec.env[2].valueFrom.secretKeyRef.name, for the Blocked message
+
+
+@dataclass(frozen=True)
 class ExperimentSpec:
     """What the builders need from spec, with the CRD's defaults filled in."""
 
@@ -55,6 +64,42 @@ class ExperimentSpec:
     active_deadline_seconds: int | None = None
     metrics_port: int = 9100
     coordinator_port: int = 8476
+    # Pod settings: the CRD's typed schema has checked them; they reach the pod as written.
+    service_account_name: str | None = None  # None: the operator's <name>-trainer
+    termination_grace_period_seconds: int | None = None  # None: Kubernetes' 30 s
+    image_pull_secrets: tuple[str, ...] = ()
+    env: tuple[Mapping[str, Any], ...] = ()
+    env_from: tuple[Mapping[str, Any], ...] = ()
+    volumes: tuple[Mapping[str, Any], ...] = ()
+    volume_mounts: tuple[Mapping[str, Any], ...] = ()
+
+    def references(self) -> list[Reference]:
+        """Every object of the namespace the pods would use, each with the field naming it."""
+        refs: list[Reference] = []
+        if self.service_account_name:
+            refs.append(
+                Reference("ServiceAccount", self.service_account_name, "spec.serviceAccountName")
+            )
+        if self.checkpoint_claim:
+            field = "spec.checkpoint.volumeClaimName"
+            refs.append(Reference("PersistentVolumeClaim", self.checkpoint_claim, field))
+        for i, name in enumerate(self.image_pull_secrets):
+            refs.append(Reference("Secret", name, f"spec.imagePullSecrets[{i}].name"))
+        for i, var in enumerate(self.env):
+            source = var.get("valueFrom") or {}
+            for key, kind in (("secretKeyRef", "Secret"), ("configMapKeyRef", "ConfigMap")):
+                if key in source:
+                    field = f"spec.env[{i}].valueFrom.{key}.name"
+                    refs.append(Reference(kind, source[key]["name"], field))
+        for i, source in enumerate(self.env_from):
+            for key, kind in (("secretRef", "Secret"), ("configMapRef", "ConfigMap")):
+                if key in source:
+                    refs.append(
+                        Reference(kind, source[key]["name"], f"spec.envFrom[{i}].{key}.name")
+                    )
+        for i, volume in enumerate(self.volumes):
+            refs.extend(_volume_references(volume, f"spec.volumes[{i}]"))
+        return refs
 
 
 @dataclass(frozen=True)
@@ -89,6 +134,36 @@ class Experiment:
     @property
     def key(self) -> tuple[str, str]:
         return (self.namespace, self.name)
+
+
+def _volume_references(volume: Mapping[str, Any], path: str) -> list[Reference]:
+    if "persistentVolumeClaim" in volume:
+        claim = volume["persistentVolumeClaim"]["claimName"]
+        return [
+            Reference("PersistentVolumeClaim", claim, f"{path}.persistentVolumeClaim.claimName")
+        ]
+    if "secret" in volume:
+        return [Reference("Secret", volume["secret"]["secretName"], f"{path}.secret.secretName")]
+    if "configMap" in volume:
+        return [Reference("ConfigMap", volume["configMap"]["name"], f"{path}.configMap.name")]
+    if "nodePublishSecretRef" in volume.get("csi", {}):
+        secret = volume["csi"]["nodePublishSecretRef"]["name"]
+        return [Reference("Secret", secret, f"{path}.csi.nodePublishSecretRef.name")]
+    refs = []
+    for j, source in enumerate((volume.get("projected") or {}).get("sources") or []):
+        for key, kind in (("secret", "Secret"), ("configMap", "ConfigMap")):
+            if key in source:
+                field = f"{path}.projected.sources[{j}].{key}.name"
+                refs.append(Reference(kind, source[key]["name"], field))
+    return refs
+
+
+def _objects(value: Any, path: str) -> tuple[Mapping[str, Any], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+        raise SpecError(f"spec.{path}: expected a list of objects")
+    return tuple(value)
 
 
 # The CRD's maximum for durations: ten years, which datetime arithmetic holds comfortably.
@@ -207,6 +282,17 @@ def parse_spec(raw: Mapping[str, Any]) -> ExperimentSpec:
         metrics_port=_int(raw.get("metricsPort"), "metricsPort", 9100, minimum=1) or 9100,
         coordinator_port=_int(raw.get("coordinatorPort"), "coordinatorPort", 8476, minimum=1)
         or 8476,
+        service_account_name=raw.get("serviceAccountName") or None,
+        termination_grace_period_seconds=_int(
+            raw.get("terminationGracePeriodSeconds"), "terminationGracePeriodSeconds", None, 1, 3600
+        ),
+        image_pull_secrets=tuple(
+            s["name"] for s in _objects(raw.get("imagePullSecrets"), "imagePullSecrets")
+        ),
+        env=_objects(raw.get("env"), "env"),
+        env_from=_objects(raw.get("envFrom"), "envFrom"),
+        volumes=_objects(raw.get("volumes"), "volumes"),
+        volume_mounts=_objects(raw.get("volumeMounts"), "volumeMounts"),
     )
 
 

@@ -280,7 +280,7 @@ def test_the_trainer_may_only_touch_its_own_experiments_status():
             "verbs": ["get", "patch"],
         }
     ]
-    binding = builders.role_binding(exp)
+    binding = builders.role_binding(exp, parse_spec(exp.spec))
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "Role",
