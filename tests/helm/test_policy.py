@@ -156,3 +156,51 @@ def test_turned_off_the_chart_installs_no_token_policy_guard_or_network_policy(c
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--no-network-policy" in args
     assert not [a for a in args if a.startswith("--metrics-from")]
+
+
+def test_secrets_and_config_maps_the_namespace_does_not_list_are_refused(cluster, policed):
+    """The operator cannot read Secrets, and the author may not: the namespace's annotations
+    say which ones (and which ConfigMaps) its experiments may put into their pods."""
+    cluster.kubectl(
+        "annotate", "namespace", policed,
+        "evokube.io/trainer-secrets=wandb, registry", "evokube.io/trainer-configmaps=run",
+    )  # fmt: skip
+    wandb = {"name": "K", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "k"}}}
+    listed = {
+        "env": [wandb],
+        "envFrom": [{"configMapRef": {"name": "run"}}],
+        "imagePullSecrets": [{"name": "registry"}],
+        "volumes": [{"name": "p", "projected": {"sources": [{"secret": {"name": "wandb"}}]}}],
+    }
+    assert (
+        apply(cluster, experiment_manifest("listed", policed, **listed), dry_run=True).returncode
+        == 0
+    )
+    for spec, message in [
+        (
+            {
+                "env": [
+                    wandb,
+                    {"name": "D", "valueFrom": {"secretKeyRef": {"name": "db", "key": "p"}}},
+                ]
+            },
+            "spec.env: Secret db is not listed in the namespace annotation "
+            "evokube.io/trainer-secrets",
+        ),
+        (
+            {"volumes": [{"name": "c", "configMap": {"name": "other"}}]},
+            "spec.volumes: ConfigMap other is not listed in the namespace annotation "
+            "evokube.io/trainer-configmaps",
+        ),
+        (
+            {"envFrom": [{"secretRef": {"name": "db"}}], "imagePullSecrets": [{"name": "pull"}]},
+            "spec.imagePullSecrets: Secret pull is not listed in the namespace annotation "
+            "evokube.io/trainer-secrets; spec.envFrom: Secret db is not listed",
+        ),
+        (
+            {"volumes": [{"name": "p", "projected": {"sources": [{"secret": {"name": "db"}}]}}]},
+            "spec.volumes: a projected volume names a Secret or ConfigMap not listed",
+        ),
+    ]:
+        run = apply(cluster, experiment_manifest("unlisted", policed, **spec), dry_run=True)
+        assert run.returncode != 0 and message in run.stderr, run.stderr

@@ -115,12 +115,12 @@ tables them and tests/helm proves `kubectl auth can-i` grants nothing more.
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [get, list, watch]
-{{- if .Values.watchNamespaces }}
-# Kopf follows the watched namespaces being created and deleted.
+# Read-only: a namespace's annotations list the Secrets and ConfigMaps its experiments may use
+# (evokube.io/trainer-secrets, evokube.io/trainer-configmaps); with watchNamespaces, Kopf also
+# follows the watched namespaces being created and deleted.
 - apiGroups: [""]
   resources: [namespaces]
-  verbs: [get, list, watch]
-{{- end }}
+  verbs: {{ if .Values.watchNamespaces }}[get, list, watch]{{ else }}[get]{{ end }}
 {{- end -}}
 
 {{/* A label map as k=v,k=v, for NOTES.txt. */}}
