@@ -19,6 +19,7 @@ from evokube_operator import builders
 from evokube_operator.spec import parse_spec
 from tests.helm.chart import MONITORING_APIS, REPO, render
 from tests.operator.factories import GPU, TPU, experiment
+from tests.operator.test_pod_settings import SETTINGS as POD_SETTINGS
 
 pytestmark = pytest.mark.cluster
 
@@ -29,6 +30,9 @@ KEPT = {
     # libtpu opens /dev/accel* and /dev/vfio/*, which GKE's TPU device plugin leaves to
     # root: TPU pods run as root, under Pod Security "baseline" (docs/security.md).
     ("Job.ns.tpu-0", "CKV_K8S_23"): "TPU pods run as root",
+    # Secrets as environment variables: spec.env may take a Secret's key (WANDB_API_KEY is
+    # read from the environment); the author's choice, spec.volumes offers the file form.
+    ("Job.ns.settings-0", "CKV_K8S_35"): "a Secret in spec.env",
 }
 # A Job nobody should build: the scanner must flag it, or it is not looking.
 CONTROL = {
@@ -54,10 +58,12 @@ CONTROL = {
 
 
 def operator_objects() -> list[dict]:
-    """What the operator creates for a CPU, a GPU and a TPU experiment (NetworkPolicy on)."""
+    """What the operator creates for a CPU, a GPU and a TPU experiment and a CPU one with every
+    pod setting (NetworkPolicy on)."""
     objects = []
-    for name, accelerator in ACCELERATORS.items():
-        exp = experiment(name=name, accelerator=accelerator)
+    for name, accelerator in {**ACCELERATORS, "settings": ACCELERATORS["cpu"]}.items():
+        settings = POD_SETTINGS if name == "settings" else {}
+        exp = experiment(name=name, accelerator=accelerator, **settings)
         spec = parse_spec(exp.spec)
         access = builders.NetworkAccess(metrics_from=(MONITORING,))
         objects += [*builders.static_objects(exp, spec, access), builders.job(exp, spec, 0)]
@@ -101,6 +107,6 @@ def test_checkov_finds_nothing_in_the_chart_and_the_trainer_jobs_but_what_is_kep
     skipped = {(s["resource"], s["check_id"]) for s in results["skipped_checks"]}
     assert skipped == {("Deployment.evokube-system.evokube-operator", "CKV_K8S_38")}
     scanned = {p["resource"] for p in results["passed_checks"]}
-    for name in ACCELERATORS:
+    for name in [*ACCELERATORS, "settings"]:
         assert f"Job.ns.{name}-0" in scanned
     assert "Deployment.evokube-system.evokube-operator" in scanned
