@@ -10,9 +10,14 @@ import copy
 
 import pytest
 
+from evokube_operator import api
+from evokube_operator.observe import PodView
+from evokube_operator.policies import failure
 from evokube_trainer.runtime import exitcodes
+from tests.operator.factories import job
 from tests.runtime.test_multihost import CEMRL, experiment, finish, history, start_run
 
+COMPLETION_INDEX = api.COMPLETION_INDEX_ANNOTATION
 EPISODE = 20  # steps: short generations keep each test's two runs within a minute
 
 
@@ -91,3 +96,23 @@ def test_a_checkpoint_that_cannot_be_resharded_stops_the_run_with_its_reason(tmp
     assert reason in out  # `evokube run` shows the log's last line
     assert checkpoints(tmp_path, name) == [1]  # nothing deleted, nothing overwritten
     assert [r["generation"] for r in history(tmp_path, name)] == [1]
+
+    # The operator's path: the pod's termination message becomes the Failed condition's.
+    pod = PodView.from_body(
+        {
+            "metadata": {"name": "reshaped-0-0-x", "annotations": {COMPLETION_INDEX: "0"}},
+            "status": {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {
+                        "name": api.CONTAINER,
+                        "state": {"terminated": {"exitCode": 78, "message": reason}},
+                    }
+                ],
+            },
+        }
+    )
+    found = failure.classify(job(experiment=name), [pod])
+    verdict = failure.verdict(found, restarts=0, max_restarts=3)
+    assert (verdict.restart, verdict.reason) == (False, api.REASON_PERMANENT_FAILURE)
+    assert verdict.message == f"host 0 (pod reshaped-0-0-x) exited with code 78: {reason}"

@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 _STATE, _LAYOUT = "state", "layout"
 # Leaves whose leading axis may change between lives of a run: the replay storage.
 _RESIZABLE = "replay.data."
+# Of a failed pod's termination message the experiment's status keeps the last 500 characters,
+# after a "permanent failure: " prefix.
+_REASON_LIMIT = 470
 
 
 class IncompatibleCheckpoint(exitcodes.PermanentError):
@@ -216,11 +219,15 @@ class Checkpointer:
             if changed
             else "it was written by another spec or trainer version"
         )
-        return (
+        reason = (
             f"checkpoint {step} at {self.path(step)} cannot be restored into this experiment: "
-            f"{shapes}{more}; {cause}. Nothing was deleted: revert the spec, or move the "
-            "checkpoints away to start afresh"
+            f"{shapes}{more}; {cause}."
         )
+        advice = (
+            " Nothing was deleted: revert the spec, or move the checkpoints away to start afresh"
+        )
+        # The status keeps the last 500 characters: the advice is dropped first when space is short.
+        return reason + advice if len(reason + advice) <= _REASON_LIMIT else reason
 
     def close(self) -> None:
         self._manager.close()
@@ -309,7 +316,7 @@ def spec_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[st
 
 def _short(value: Any) -> str:
     text = "unset" if value is None else repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return text if len(text) <= 30 else text[:27] + "..."
 
 
 def enable_compilation_cache(directory: str | os.PathLike[str]) -> None:
