@@ -2,7 +2,10 @@
 imagePullSecrets, terminationGracePeriodSeconds): how the builders put them into the pod, and
 that what they use of the namespace must opt in (docs/security.md), on the real control plane."""
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from evokube_operator import api as evokube
 from evokube_operator import builders
@@ -11,6 +14,7 @@ from evokube_operator.spec import Reference, parse_spec
 from tests.operator.conftest import experiment_manifest
 from tests.operator.factories import experiment
 
+REPO = Path(__file__).resolve().parents[2]
 WANDB_KEY = {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "k"}}}
 SHM = {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}
 SETTINGS = {
@@ -232,3 +236,31 @@ def test_secrets_and_config_maps_reach_the_pods_only_while_the_namespace_lists_t
     k8s.core.patch_namespace(namespace, {"metadata": {"annotations": listing}})
     k8s.wait_running_gang(namespace, "s", 1, timeout=60)
     assert [j.metadata.name for j in k8s.jobs(namespace, "s")] == ["s-1"]
+
+
+@pytest.mark.cluster
+def test_the_documented_example_runs_once_the_namespace_opted_in(k8s, cluster, namespace):
+    example = yaml.safe_load((REPO / "examples" / "pod-settings-gpu.yaml").read_text())
+    example["metadata"]["namespace"] = namespace
+    run = k8s.apply(example, check=False)  # the namespace lists nothing yet
+    assert run.returncode != 0 and "spec.env: Secret wandb is not listed" in run.stderr
+    account = {
+        "metadata": {"name": "trainer-gcs", "labels": {evokube.LABEL_TRAINER_ACCOUNT: "true"}}
+    }
+    k8s.core.create_namespaced_service_account(namespace, account)
+    listing = {
+        evokube.ANNOTATION_TRAINER_SECRETS: "wandb,registry",
+        evokube.ANNOTATION_TRAINER_CONFIGMAPS: "nccl-tuning",
+    }
+    k8s.core.patch_namespace(namespace, {"metadata": {"annotations": listing}})
+    k8s.apply(example)
+    name = example["metadata"]["name"]
+    k8s.wait_running_gang(namespace, name, 1, timeout=60)
+    (job,) = k8s.jobs(namespace, name)
+    pod = job.spec.template.spec
+    assert pod.service_account_name == "trainer-gcs"
+    assert pod.termination_grace_period_seconds == 120
+    (shm,) = [v for v in pod.volumes if v.name == "shm"]
+    assert (shm.empty_dir.medium, shm.empty_dir.size_limit) == ("Memory", "8Gi")
+    env = [e.name for e in pod.containers[0].env]
+    assert env[-3:] == ["XLA_FLAGS", "NCCL_DEBUG", "WANDB_API_KEY"]
