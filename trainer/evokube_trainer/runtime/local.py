@@ -64,6 +64,7 @@ def process_env(
         "EVOKUBE_CHECKPOINT_DIR": str(run_dir),
         "EVOKUBE_METRICS_PORT": str(metrics_port),
         "EVOKUBE_HISTORY": str(run_dir / "history.jsonl"),
+        "EVOKUBE_GRACE_SECONDS": str(GRACE_S),
         "PYTHONUNBUFFERED": "1",
     }
     if processes > 1:

@@ -5,6 +5,13 @@ devices; the jitted generation is one global computation. Decisions that must
 agree across processes (stop now, checkpoint now) go through one tiny
 all-reduce per generation, so a SIGTERM seen by a single pod still makes the
 whole gang save the same checkpoint and exit together.
+
+A SIGTERM is acted on after the running generation, which may not fit the grace
+period. So once generations grow long against it (`long_generations`), every
+generation is checkpointed as it completes, and a SIGTERM arriving during the
+next one ends the process at once: the checkpoint of the last completed
+generation is already on disk (docs/trainer-design.md, "SIGTERM during a long
+generation").
 """
 
 from __future__ import annotations
@@ -13,8 +20,10 @@ import logging
 import math
 import os
 import signal
+import socket
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import jax
@@ -32,12 +41,21 @@ log = logging.getLogger(__name__)
 # Why a run stops; the agreed reason is the largest code any process raised.
 CONTINUE, STOP_DONE, STOP_PREEMPTED = 0, 1, 2
 
+# Seconds between SIGTERM and SIGKILL: the pod's terminationGracePeriodSeconds.
+GRACE_ENV, DEFAULT_GRACE_S = "EVOKUBE_GRACE_SECONDS", 30.0
+
 
 @dataclass
 class StopFlags:
-    """Set from signal handlers; read once per generation."""
+    """Set from signal handlers; read once per generation.
+
+    Python runs a signal handler only between bytecodes of the main thread, which waits
+    inside XLA for the whole generation; `during_generation`, when set, is called at once
+    from a watcher thread woken through the wakeup fd the C-level handler writes to.
+    """
 
     preempted: bool = False
+    during_generation: Callable[[], None] | None = None
 
     def install(self) -> None:
         def on_term(signum, _frame):
@@ -45,6 +63,17 @@ class StopFlags:
             self.preempted = True
 
         signal.signal(signal.SIGTERM, on_term)
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        self._wakeup = (reader, writer)  # keep both ends open for the process's life
+        threading.Thread(target=self._watch, args=(reader,), daemon=True, name="sigterm").start()
+
+    def _watch(self, reader: socket.socket) -> None:
+        while True:
+            signals = reader.recv(64)
+            if signal.SIGTERM in signals and self.during_generation is not None:
+                self.during_generation()
 
 
 @dataclass
@@ -54,14 +83,14 @@ class Outcome:
     reason: str
 
 
-def agree(local_code: int) -> int:
-    """The largest stop code over all processes (one small all-reduce)."""
+def agree(*local: int) -> tuple[int, ...]:
+    """The largest of each value over all processes (one small all-reduce)."""
     if jax.process_count() == 1:
-        return local_code
+        return local
     from jax.experimental import multihost_utils
 
-    codes = multihost_utils.process_allgather(np.asarray([local_code], np.int32))
-    return int(np.max(codes))
+    values = multihost_utils.process_allgather(np.asarray(local, np.int32))
+    return tuple(int(v) for v in np.max(values.reshape(-1, len(local)), axis=0))
 
 
 def local_stop_code(
@@ -94,11 +123,23 @@ class _Generations:
     env_steps: int
     layout: Mapping[str, object] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
+    grace_s: float = DEFAULT_GRACE_S
     code: int = CONTINUE
     reason: str = ""
     generation: int = 0
+    saved: int | None = None  # the newest generation on disk, once this run saved one
+    save_s: float = 0.0  # how long the last save took
+    # Generations too long to finish after a SIGTERM: each one is checkpointed, and a
+    # SIGTERM during the next ends the process at once.
+    long_generations: bool = False
+    last_generation_at: float | None = None  # when the previous generation ended, this life
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def on_generation(self, state, host: Mapping[str, float]) -> None:
+        with self.lock:  # a SIGTERM now waits for this generation's checkpoint
+            self._on_generation(state, host)
+
+    def _on_generation(self, state, host: Mapping[str, float]) -> None:
         generation = int(host["generation"])
         if not math.isfinite(host.get("ec/fitness_mean", 0.0)):
             raise exitcodes.PermanentError(f"training diverged at generation {generation}")
@@ -106,17 +147,53 @@ class _Generations:
         self.env_steps = int(host["env_steps"])
         self.metrics.record_generation(host, host["time/step_s"], new_steps)
         code, reason = local_stop_code(self.config, host, self.started, self.flags)
-        self.code = agree(code)
+        # Finishing a generation (with its evaluation) and saving it after a SIGTERM must fit
+        # the grace period twice. The first generation of a life includes compilation.
+        now = time.monotonic()
+        took = now - self.last_generation_at if self.last_generation_at else 0.0
+        self.last_generation_at = now
+        too_long = 2 * (took + self.save_s) > self.grace_s
+        self.code, long_generations = agree(code, int(too_long))
+        if long_generations and not self.long_generations:
+            log.warning(
+                "a generation takes %.1fs and a save %.1fs against a %.1fs grace period: "
+                "checkpointing every generation while they stay this long",
+                took,
+                self.save_s,
+                self.grace_s,
+            )
+        self.long_generations = bool(long_generations) and self.checkpointer is not None
         self.reason = reason or ("a peer was preempted" if self.code == STOP_PREEMPTED else "")
         self.generation = generation
-        if self.checkpointer and (self.code != CONTINUE or self.checkpointer.due(generation)):
+        if self.checkpointer and (
+            self.code != CONTINUE or self.long_generations or self.checkpointer.due(generation)
+        ):
+            started = time.monotonic()
             self.checkpointer.save(generation, state, self.layout)
+            self.save_s = time.monotonic() - started
+            self.saved = generation
             self.metrics.record_checkpoint(time.time())
         if self.reporter is not None and jax.process_index() == 0:
             self.reporter.report(**_progress(host, self.checkpointer))
 
     def stop(self, _host: Mapping[str, float]) -> bool:
         return self.code != CONTINUE
+
+    def exit_now_if_saved(self) -> None:
+        """From the SIGTERM watcher: with long generations, the last completed one is on
+        disk, so end the process now rather than after the running generation (which may
+        outlast the grace period). Otherwise the loop saves once this generation ends."""
+        with self.lock:
+            if not self.long_generations or self.saved != self.generation:
+                return
+            log.warning(
+                "SIGTERM during generation %d: generation %d is checkpointed; exiting now",
+                self.generation + 1,
+                self.generation,
+            )
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            os._exit(exitcodes.RETRIABLE)
 
 
 def train(
@@ -171,9 +248,18 @@ def train(
         config.max_env_steps and env_steps >= config.max_env_steps
     ):
         return Outcome(exitcodes.SUCCESS, generation, "the checkpoint already met the criteria")
+    flags = flags or StopFlags()
     loop = _Generations(
-        config, metrics, checkpointer, status_reporter, flags or StopFlags(), env_steps, record
+        config,
+        metrics,
+        checkpointer,
+        status_reporter,
+        flags,
+        env_steps,
+        record,
+        grace_s=float(os.environ.get(GRACE_ENV, DEFAULT_GRACE_S)),
     )
+    flags.during_generation = loop.exit_now_if_saved
     try:
         workflow.learn(
             state,
