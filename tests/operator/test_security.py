@@ -345,7 +345,11 @@ def test_the_can_i_matrix_of_docs_security_md(cluster, crd, operator_kubeconfig,
     """The chart's operator RBAC, the builders' trainer RBAC, the doc's author Role."""
     author_role, matrix = documented_matrix()
     exp = experiment(name="mine", namespace=namespace)
-    trainer_rbac = [builders.service_account(exp), builders.role(exp), builders.role_binding(exp, parse_spec(exp.spec))]
+    trainer_rbac = [
+        builders.service_account(exp),
+        builders.role(exp),
+        builders.role_binding(exp, parse_spec(exp.spec)),
+    ]
     for obj in trainer_rbac:  # no owner: the garbage collector would take them at once
         del obj["metadata"]["ownerReferences"]
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(trainer_rbac))
