@@ -264,3 +264,52 @@ def test_the_documented_example_runs_once_the_namespace_opted_in(k8s, cluster, n
     assert (shm.empty_dir.medium, shm.empty_dir.size_limit) == ("Memory", "8Gi")
     env = [e.name for e in pod.containers[0].env]
     assert env[-3:] == ["XLA_FLAGS", "NCCL_DEBUG", "WANDB_API_KEY"]
+
+
+@pytest.mark.cluster
+def test_every_setting_passes_pod_security_restricted_once_everything_opted_in(k8s, namespace):
+    """A claim in spec.volumes opts in like the checkpoint claim; then the API server's
+    PodSecurity admission ("restricted") creates the gang's pods with every setting, and
+    host 0 alone gets a token, of the account named."""
+    k8s.core.patch_namespace(
+        namespace,
+        {
+            "metadata": {
+                "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
+                "annotations": {
+                    evokube.ANNOTATION_TRAINER_SECRETS: "registry,wandb,gcs,csi",
+                    evokube.ANNOTATION_TRAINER_CONFIGMAPS: "run,conf,ca",
+                },
+            }
+        },
+    )
+    account = {
+        "metadata": {"name": "wi-trainer", "labels": {evokube.LABEL_TRAINER_ACCOUNT: "true"}}
+    }
+    k8s.core.create_namespaced_service_account(namespace, account)
+    claim = {
+        "metadata": {"name": "data"},
+        "spec": {
+            "accessModes": ["ReadOnlyMany"],
+            "storageClassName": "",
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    k8s.core.create_namespaced_persistent_volume_claim(namespace, claim)
+    hosts = {"type": "cpu", "hosts": 2}
+    k8s.apply(experiment_manifest("all", namespace, accelerator=hosts, **SETTINGS))
+    condition = blocked_saying(
+        k8s, namespace, "all", "spec.volumes[1].persistentVolumeClaim.claimName: "
+        "PersistentVolumeClaim data lacks the label",
+    )  # fmt: skip
+    assert condition["reason"] == evokube.REASON_CLAIM_NOT_ALLOWED
+    label = {"metadata": {"labels": {evokube.LABEL_CHECKPOINT_CLAIM: "true"}}}
+    k8s.core.patch_namespaced_persistent_volume_claim("data", namespace, label)
+    # The claim is not bound (no storage here): the pods are created, not scheduled.
+    pods = k8s.wait(lambda: len(p := k8s.pods(namespace, "all")) == 2 and p, "2 pods", timeout=60)
+    for pod in pods:
+        index = pod.metadata.labels["batch.kubernetes.io/job-completion-index"]
+        assert pod.spec.service_account_name == "wi-trainer"
+        volumes = {v.name for v in pod.spec.volumes}
+        assert {"shm", "data", "conf", "keys", "bucket"} <= volumes
+        assert ("evokube-api-access" in volumes) == (index == "0")
