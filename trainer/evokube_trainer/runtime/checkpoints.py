@@ -152,7 +152,7 @@ class Checkpointer:
             if resize is None:
                 raise IncompatibleCheckpoint(self._refusal(step, saved, wanted, layout))
             try:
-                restored = self._restore(step, template, resize)
+                restored = self._restore(step, template, saved if resize else None)
             except Exception as err:
                 log.warning("skipping checkpoint %d in %s: %s", step, self.directory, err)
                 failures.append((step, err))
@@ -186,12 +186,11 @@ class Checkpointer:
             for leaf in jax.tree.leaves(tree)
         }
 
-    def _restore(self, step: int, template: Any, resize: list[str]) -> Any:
+    def _restore(self, step: int, template: Any, host_replay_shapes: Mapping | None) -> Any:
         abstract = _abstract(template)
-        if resize:
+        if host_replay_shapes is not None:
             # The replay buffer as host arrays of the saved shape; re-laid out afterwards.
-            saved = self._saved_shapes(step)
-            abstract = _with_host_replay(abstract, saved)
+            abstract = _with_host_replay(abstract, host_replay_shapes)
         args = ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(abstract)})
         return self._manager.restore(step, args=args)[_STATE]
 
