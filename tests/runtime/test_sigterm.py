@@ -1,7 +1,7 @@
 """SIGTERM during a generation longer than the grace period: the process does not wait for it.
 
-Generations that are long against the grace period (EVOKUBE_GRACE_SECONDS, the pod's
-terminationGracePeriodSeconds) are each checkpointed as they complete; a SIGTERM during the
+Generations that are long against the grace period (spec.terminationGracePeriodSeconds, the
+pod's) are each checkpointed as they complete; a SIGTERM during the
 next one ends the process at once with exit 75, the last completed generation on disk.
 """
 
@@ -25,6 +25,7 @@ def test_sigterm_during_a_long_generation_exits_at_once_with_the_last_one_saved(
     doc["spec"]["population"]["size"] = 256
     doc["spec"]["policy"]["hiddenLayers"] = [256, 256]
     doc["spec"]["environment"]["episodeLength"] = 1000
+    doc["spec"]["terminationGracePeriodSeconds"] = 1  # every generation is long against it
     run_dir = tmp_path / "runs" / "slow"
     run_dir.mkdir(parents=True)
     (run_dir / "experiment.yaml").write_text(yaml.safe_dump(doc))
@@ -35,7 +36,6 @@ def test_sigterm_during_a_long_generation_exits_at_once_with_the_last_one_saved(
         "EVOKUBE_CHECKPOINT_DIR": str(run_dir),
         "EVOKUBE_HISTORY": str(history),
         "EVOKUBE_METRICS_PORT": "0",
-        "EVOKUBE_GRACE_SECONDS": "0.2",  # every generation is long against it
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "evokube_trainer.runtime.entrypoint"],

@@ -105,6 +105,8 @@ class RunConfig:
     # The manifest's spec as given, kept with every checkpoint to name what changed when a
     # later life of the run cannot restore it.
     spec: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # Seconds between SIGTERM and SIGKILL (the pod's terminationGracePeriodSeconds).
+    grace_s: float = 30.0
 
 
 def _ec_options(algorithm: Mapping[str, Any], optimizer: str, pop: int, errors: list) -> dict:
@@ -217,4 +219,5 @@ def _run_config(manifest: Mapping[str, Any]) -> RunConfig:
         devices_per_host=accelerator["devicesPerHost"],
         hosts=accelerator.get("hosts", 1),
         spec=spec,
+        grace_s=float(spec.get("terminationGracePeriodSeconds", 30)),
     )

@@ -27,7 +27,9 @@ import yaml
 
 from evokube_trainer.runtime import exitcodes
 
-GRACE_S = 30.0  # after SIGTERM, how long processes get to checkpoint before SIGKILL
+# After SIGTERM, how long processes get to checkpoint before SIGKILL, unless the spec's
+# terminationGracePeriodSeconds says otherwise (the trainer plans with the same number).
+GRACE_S = 30.0
 
 
 def _port_free(port: int) -> bool:
@@ -64,7 +66,6 @@ def process_env(
         "EVOKUBE_CHECKPOINT_DIR": str(run_dir),
         "EVOKUBE_METRICS_PORT": str(metrics_port),
         "EVOKUBE_HISTORY": str(run_dir / "history.jsonl"),
-        "EVOKUBE_GRACE_SECONDS": str(GRACE_S),
         "PYTHONUNBUFFERED": "1",
     }
     if processes > 1:
@@ -260,7 +261,7 @@ def run_locally(
             time.sleep(0.5)
     except KeyboardInterrupt:
         print("\ninterrupted: checkpointing (rerun the same command to resume)", file=out)
-        _stop(procs)
+        _stop(procs, spec.get("terminationGracePeriodSeconds", GRACE_S))
     progress.poll()
     codes = [p.wait() for p in procs]
     reports = write_reports(run_dir)

@@ -41,9 +41,6 @@ log = logging.getLogger(__name__)
 # Why a run stops; the agreed reason is the largest code any process raised.
 CONTINUE, STOP_DONE, STOP_PREEMPTED = 0, 1, 2
 
-# Seconds between SIGTERM and SIGKILL: the pod's terminationGracePeriodSeconds.
-GRACE_ENV, DEFAULT_GRACE_S = "EVOKUBE_GRACE_SECONDS", 30.0
-
 
 @dataclass
 class StopFlags:
@@ -123,7 +120,6 @@ class _Generations:
     env_steps: int
     layout: Mapping[str, object] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
-    grace_s: float = DEFAULT_GRACE_S
     code: int = CONTINUE
     reason: str = ""
     generation: int = 0
@@ -152,7 +148,7 @@ class _Generations:
         now = time.monotonic()
         took = now - self.last_generation_at if self.last_generation_at else 0.0
         self.last_generation_at = now
-        too_long = 2 * (took + self.save_s) > self.grace_s
+        too_long = 2 * (took + self.save_s) > self.config.grace_s
         self.code, long_generations = agree(code, int(too_long))
         if long_generations and not self.long_generations:
             log.warning(
@@ -160,7 +156,7 @@ class _Generations:
                 "checkpointing every generation while they stay this long",
                 took,
                 self.save_s,
-                self.grace_s,
+                self.config.grace_s,
             )
         self.long_generations = bool(long_generations) and self.checkpointer is not None
         self.reason = reason or ("a peer was preempted" if self.code == STOP_PREEMPTED else "")
@@ -249,16 +245,7 @@ def train(
     ):
         return Outcome(exitcodes.SUCCESS, generation, "the checkpoint already met the criteria")
     flags = flags or StopFlags()
-    loop = _Generations(
-        config,
-        metrics,
-        checkpointer,
-        status_reporter,
-        flags,
-        env_steps,
-        record,
-        grace_s=float(os.environ.get(GRACE_ENV, DEFAULT_GRACE_S)),
-    )
+    loop = _Generations(config, metrics, checkpointer, status_reporter, flags, env_steps, record)
     flags.during_generation = loop.exit_now_if_saved
     try:
         workflow.learn(
