@@ -32,7 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from evokube_trainer.replay import resize_newest
-from evokube_trainer.runtime import exitcodes
+from evokube_trainer.runtime import exitcodes, objectstore
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,11 @@ class Checkpointer:
         self.interval = interval
         self._manager = ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=keep,
+                create=True,
+                atomicity_options=objectstore.atomicity_options(self.directory),
+            ),
             item_handlers={
                 _STATE: ocp.StandardCheckpointHandler(),
                 _LAYOUT: ocp.JsonCheckpointHandler(),

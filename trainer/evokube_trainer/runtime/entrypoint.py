@@ -121,8 +121,11 @@ _PERMANENT_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 def check_checkpoint_dir(path: str) -> None:
     """Create a local checkpoint directory and write a probe file there; raise PermanentError when
     that is refused (permissions, a read-only filesystem), since every restart would be too.
-    Other errors (a full disk, I/O) may pass and stay retriable; gs:// is Orbax's to check."""
-    if path.startswith("gs://"):
+    Other errors (a full disk, I/O) may pass and stay retriable; a bucket is checked by
+    `objectstore.prepare` when training starts."""
+    from evokube_trainer.runtime import objectstore
+
+    if objectstore.is_url(path):
         return
     try:
         os.makedirs(path, exist_ok=True)

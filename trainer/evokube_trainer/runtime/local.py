@@ -26,6 +26,7 @@ from typing import Any, TextIO
 import yaml
 
 from evokube_trainer.runtime import exitcodes
+from evokube_trainer.runtime.objectstore import is_url
 
 # After SIGTERM, how long processes get to checkpoint before SIGKILL, unless the spec's
 # terminationGracePeriodSeconds says otherwise (the trainer plans with the same number).
@@ -58,12 +59,15 @@ def process_env(
 ) -> dict[str, str]:
     """The environment of local process `process_id`: what the operator sets in a pod."""
     spec = manifest["spec"]
+    location = (spec.get("checkpoint") or {}).get("location") or ""
     env = {
         **os.environ,
         "EVOKUBE_MANIFEST": str(run_dir / "experiment.yaml"),
         "EVOKUBE_EXPERIMENT": manifest["metadata"]["name"],
         "EVOKUBE_NAMESPACE": manifest["metadata"].get("namespace", "default"),
-        "EVOKUBE_CHECKPOINT_DIR": str(run_dir),
+        # A bucket location is honoured (checkpoints and XLA cache there); a path is not:
+        # everything of a local run stays in its run folder.
+        "EVOKUBE_CHECKPOINT_DIR": location if is_url(location) else str(run_dir),
         "EVOKUBE_METRICS_PORT": str(metrics_port),
         "EVOKUBE_HISTORY": str(run_dir / "history.jsonl"),
         "PYTHONUNBUFFERED": "1",

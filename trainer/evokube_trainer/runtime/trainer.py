@@ -30,7 +30,7 @@ import jax
 import numpy as np
 
 from evokube_trainer.recorders import Recorder
-from evokube_trainer.runtime import exitcodes
+from evokube_trainer.runtime import exitcodes, objectstore
 from evokube_trainer.runtime.checkpoints import Checkpointer, enable_compilation_cache
 from evokube_trainer.runtime.config import RunConfig
 from evokube_trainer.runtime.metrics import TrainerMetrics
@@ -209,6 +209,7 @@ def train(
     from evokube_trainer.workflows import DeviceLayout, jit_workflow, make_workflow
 
     if checkpoint_dir:
+        objectstore.prepare(checkpoint_dir)  # a bucket: its libraries, endpoint and access
         enable_compilation_cache(os.path.join(checkpoint_dir, "xla-cache"))
     metrics = TrainerMetrics(config.name, config.namespace, jax.process_index())
     metrics.describe_run(
