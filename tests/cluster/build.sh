@@ -103,6 +103,11 @@ build_helm() {
     "-X helm.sh/helm/$major/internal/version.version=$HELM_VERSION"
 }
 
+build_fake_gcs_server() {
+  go_install fake-gcs-server "$FAKE_GCS_SERVER_VERSION" \
+    "github.com/fsouza/fake-gcs-server@$FAKE_GCS_SERVER_VERSION" ""
+}
+
 components=("$@")
-[[ ${#components[@]} -gt 0 ]] || components=(etcd kwok helm kubernetes)
+[[ ${#components[@]} -gt 0 ]] || components=(etcd kwok helm kubernetes fake_gcs_server)
 for c in "${components[@]}"; do "build_$c"; done
