@@ -521,7 +521,13 @@ BAD_MANIFESTS += [
                 "/with space",
                 "gs://b",
                 "gs://bucket//x",
-                "s3://bucket/x",
+                "s3://b",
+                "s3://bucket//x",
+                "s3://bucket/x/",
+                "s3://Bucket/x",
+                "s3://bucket_x/y",
+                "s3://" + "a" * 64,
+                "S3://bucket/x",
                 "/" + "a" * 512,
             )
         },
@@ -749,6 +755,8 @@ GOOD_MANIFESTS = [
     ),
     GoodManifest("gs:// location", {"spec.checkpoint": {"location": "gs://my-bucket/runs/a_1"}}),
     GoodManifest("gs:// bucket root", {"spec.checkpoint": {"location": "gs://my-bucket"}}),
+    GoodManifest("s3:// location", {"spec.checkpoint": {"location": "s3://my.bucket-1/runs/a_1"}}),
+    GoodManifest("s3:// bucket root", {"spec.checkpoint": {"location": "s3://my-bucket"}}),
     GoodManifest(
         "claim at a path like a system one",
         {"spec.checkpoint": {"location": "/etcetera/ckpt", "volumeClaimName": "c"}},
