@@ -101,6 +101,9 @@ COND_SUCCEEDED: Final = "Succeeded"  # final
 COND_FAILED: Final = "Failed"  # final
 # True while something a person must fix keeps the gang from starting or going on.
 COND_BLOCKED: Final = "Blocked"
+# True (a warning, nothing stops) while checkpoints go to an emptyDir, which a gang restart
+# loses: no spec.checkpoint.location, no claim, no --default-checkpoint-location.
+COND_CHECKPOINTS_EPHEMERAL: Final = "CheckpointsEphemeral"
 
 # -- status.conditions: reasons (also the reasons of the Events) --------------------------
 REASON_WAITING_FOR_HOSTS: Final = "WaitingForHosts"
@@ -128,6 +131,8 @@ REASON_ACCOUNT_NOT_ALLOWED: Final = "AccountNotAllowed"
 # Blocked: a Secret or ConfigMap the spec references is not listed in the namespace's annotation.
 REASON_REFERENCE_NOT_ALLOWED: Final = "ReferenceNotAllowed"
 REASON_UNBLOCKED: Final = "Unblocked"  # Blocked False: the cause is gone
+REASON_EMPTYDIR_CHECKPOINTS: Final = "EmptyDirCheckpoints"  # CheckpointsEphemeral True
+REASON_DURABLE_CHECKPOINTS: Final = "DurableCheckpoints"  # CheckpointsEphemeral False
 # Restarting: someone else deleted the current Job; the next attempt starts (a preemption).
 REASON_JOB_DELETED: Final = "JobDeleted"
 # When the trainer pods cannot be created or cannot start (policies/startup.py).

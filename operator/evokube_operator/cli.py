@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 
 import kopf
@@ -21,6 +22,21 @@ import kopf
 from evokube_operator.leader import LeaderElection, own_namespace
 from evokube_operator.options import Options
 from evokube_operator.policies.startup import DEFAULT_TIMEOUTS, Timeouts
+
+# The URL half of the CRD's pattern for spec.checkpoint.location.
+_BUCKET_URL = re.compile(
+    r"(gs://[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9]|s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9])"
+    r"(/[-A-Za-z0-9_.+@=,]+)*"
+)
+
+
+def _bucket_url(text: str) -> str:
+    """--default-checkpoint-location: a URL spec.checkpoint.location would accept."""
+    if not _BUCKET_URL.fullmatch(text) or re.search(r"/[.][.]?(/|$)", text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a gs://bucket[/path] or s3://bucket[/path] URL"
+        )
+    return text
 
 
 def _network_peers(text: str) -> tuple[dict, ...]:
@@ -108,6 +124,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[Options, argparse.Namespa
         '(e.g. \'[{"namespaceSelector": {"matchLabels": '
         '{"kubernetes.io/metadata.name": "monitoring"}}}]\'); default: none',
     )
+    parser.add_argument(
+        "--default-checkpoint-location",
+        type=_bucket_url,
+        default=None,
+        metavar="URL",
+        help="gs://bucket[/path] or s3://bucket[/path]: an experiment without "
+        "spec.checkpoint.location checkpoints to URL/<namespace>/<name> (default: an emptyDir, "
+        "which a gang restart loses)",
+    )
     defaults = LeaderElection()
     parser.add_argument(
         "--leader-elect",
@@ -173,6 +198,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Options, argparse.Namespa
         network_policy=args.network_policy,
         metrics_from=args.metrics_from,
         leader_election=election,
+        default_checkpoint_location=args.default_checkpoint_location,
         start_timeouts=Timeouts(
             image_pull=args.image_pull_timeout_seconds,
             unschedulable=args.unschedulable_timeout_seconds,

@@ -31,6 +31,7 @@ from evokube_operator.spec import (
     Experiment,
     ExperimentSpec,
     SpecError,
+    experiment_checkpoint_location,
     format_time,
     parse_spec,
     parse_time,
@@ -199,7 +200,14 @@ class _Step:
         )
 
 
-def decide(obs: Observation, timeouts: startup.Timeouts = startup.DEFAULT_TIMEOUTS) -> Plan:
+def decide(
+    obs: Observation,
+    timeouts: startup.Timeouts = startup.DEFAULT_TIMEOUTS,
+    default_checkpoints: str | None = None,
+) -> Plan:
+    """The next status and actions. `default_checkpoints` is the operator's default checkpoint
+    location; an experiment without its own keeps the one its status already names, so a
+    changed default never moves a running experiment away from its checkpoints."""
     exp = obs.experiment
     # Only Jobs this very experiment owns (not a deleted namesake's, not look-alikes).
     obs = replace(obs, jobs=tuple(j for j in obs.jobs if j.owner_uid == exp.uid))
@@ -210,7 +218,11 @@ def decide(obs: Observation, timeouts: startup.Timeouts = startup.DEFAULT_TIMEOU
     if old.phase in api.FINISHED_PHASES:
         return _finished(step, old)
     try:
-        spec = parse_spec(exp.spec)
+        spec = parse_spec(
+            exp.spec,
+            old.checkpoint_location
+            or experiment_checkpoint_location(default_checkpoints, exp.namespace, exp.name),
+        )
     except SpecError as err:
         return _fail(step, old, api.REASON_INVALID_SPEC, str(err), None)
     newest = max((j.attempt for j in obs.jobs if j.attempt is not None), default=-1)
@@ -294,6 +306,7 @@ def _start(step: _Step, status: Status, spec: ExperimentSpec, events=()) -> Plan
         )
     running = cond.Condition(api.COND_RUNNING, False, reason, message)
     conditions = step.conditions(status, running)
+    conditions, events = _checkpoint_durability(step, conditions, spec, events)
     if not waiting and cond.is_true(conditions, api.COND_BLOCKED):
         unblocked = f"nothing keeps Job {name} from being created any more"
         conditions = step.clear(conditions, api.COND_BLOCKED, api.REASON_UNBLOCKED, unblocked)
@@ -314,6 +327,33 @@ def _start(step: _Step, status: Status, spec: ExperimentSpec, events=()) -> Plan
         requeue_after=requeue,
         spec=spec,
     )
+
+
+def _checkpoint_durability(
+    step: _Step, conditions: cond.Conditions, spec: ExperimentSpec, events
+) -> tuple[cond.Conditions, tuple[Event, ...]]:
+    """CheckpointsEphemeral, True with a Warning Event when it turns so, while checkpoints go to
+    an emptyDir: the gang still starts, but a restart will begin again from generation 1."""
+    ephemeral = spec.checkpoint_location.startswith("/") and not spec.checkpoint_claim
+    if ephemeral == cond.is_true(conditions, api.COND_CHECKPOINTS_EPHEMERAL):
+        return conditions, tuple(events)
+    if not ephemeral:
+        message = f"checkpoints go to {spec.checkpoint_location}, which outlives the pods"
+        cleared = step.clear(
+            conditions, api.COND_CHECKPOINTS_EPHEMERAL, api.REASON_DURABLE_CHECKPOINTS, message
+        )
+        return cleared, tuple(events)
+    message = (
+        f"checkpoints go to an emptyDir at {spec.checkpoint_location}: progress will not survive "
+        "a gang restart (preemption, a lost host), which starts over from generation 1; set "
+        "spec.checkpoint.location to a gs:// or s3:// URL (or a path with volumeClaimName), or "
+        "the chart's checkpoints.defaultLocation"
+    )
+    warning = cond.Condition(
+        api.COND_CHECKPOINTS_EPHEMERAL, True, api.REASON_EMPTYDIR_CHECKPOINTS, message
+    )
+    conditions = cond.set_all(conditions, (warning,), step.exp.generation, step.now)
+    return conditions, (*events, Event("Warning", api.REASON_EMPTYDIR_CHECKPOINTS, message))
 
 
 def _blocked(

@@ -71,7 +71,12 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
             may_write=lambda: elector.leading,
         )
     controller = Controller(
-        Reconciler(kube, network=options.network_access, timeouts=options.start_timeouts),
+        Reconciler(
+            kube,
+            network=options.network_access,
+            timeouts=options.start_timeouts,
+            default_checkpoints=options.default_checkpoint_location,
+        ),
         Indices(kwargs["experiment_index"], kwargs["job_index"], kwargs["pod_index"]),
         metrics,
         workers=options.workers,

@@ -27,6 +27,8 @@ class Options:
     network_policy: bool = True  # a NetworkPolicy per experiment
     metrics_from: tuple[dict, ...] = ()  # NetworkPolicyPeers that may scrape trainer metrics
     start_timeouts: Timeouts = DEFAULT_TIMEOUTS  # of image pulls, of unschedulable pods
+    # gs:// or s3:// URL; an experiment without checkpoint.location gets <it>/<ns>/<name>
+    default_checkpoint_location: str | None = None
 
     @property
     def network_access(self) -> NetworkAccess | None:

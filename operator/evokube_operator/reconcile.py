@@ -84,6 +84,7 @@ class Reconciler:
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     network: builders.NetworkAccess | None = None  # None: no NetworkPolicy per experiment
     timeouts: startup.Timeouts = startup.DEFAULT_TIMEOUTS  # of pods that cannot start
+    default_checkpoints: str | None = None  # bucket URL; experiments get <it>/<ns>/<name>
     _memory: dict[Key, _Memory] = field(default_factory=dict)
 
     def forget(self, key: Key) -> None:
@@ -126,13 +127,17 @@ class Reconciler:
                 fresh,
                 blocked or self._job_conflict(exp, old, job_conflict),
             )
-            plan = decide(observation, self.timeouts)
+            plan = decide(observation, self.timeouts, self.default_checkpoints)
             if plan.confirm_job_gone is not None:
                 observation = self._look_for_job(exp, plan.confirm_job_gone, observation)
-                plan = decide(observation, self.timeouts)
+                plan = decide(observation, self.timeouts, self.default_checkpoints)
             if plan.needs_job_events is not None:
                 events = self._job_events(exp.namespace, plan.needs_job_events, memory)
-                plan = decide(replace(observation, job_events=events), self.timeouts)
+                plan = decide(
+                    replace(observation, job_events=events),
+                    self.timeouts,
+                    self.default_checkpoints,
+                )
             patch = plan.status.patch_from(old)
             if not fresh and (plan.stale or (plan.create_job is not None and not patch)):
                 body, fresh = self._read(key), True

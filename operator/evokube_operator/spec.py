@@ -244,8 +244,12 @@ def parse_accelerator(raw: Mapping[str, Any]) -> Accelerator:
     raise SpecError(f"spec.accelerator.type: unsupported value {kind!r}")
 
 
-def parse_spec(raw: Mapping[str, Any]) -> ExperimentSpec:
-    """The operator's view of spec; raises SpecError for what cannot run."""
+def parse_spec(
+    raw: Mapping[str, Any], default_checkpoint_location: str | None = None
+) -> ExperimentSpec:
+    """The operator's view of spec; raises SpecError for what cannot run. Without
+    spec.checkpoint.location (and volumeClaimName), checkpoints go to
+    `default_checkpoint_location` when given, else to an emptyDir at api.DEFAULT_CHECKPOINT_DIR."""
     if not isinstance(raw, Mapping):
         raise SpecError("spec: expected an object")
     image = raw.get("image")
@@ -270,7 +274,10 @@ def parse_spec(raw: Mapping[str, Any]) -> ExperimentSpec:
         priority_class_name=raw.get("priorityClassName") or None,
         pod_labels=_mapping(raw.get("podLabels"), "podLabels"),
         pod_annotations=_mapping(raw.get("podAnnotations"), "podAnnotations"),
-        checkpoint_location=checkpoint.get("location") or api.DEFAULT_CHECKPOINT_DIR,
+        # A claim without a location is mounted at the default path, not overridden.
+        checkpoint_location=checkpoint.get("location")
+        or (None if checkpoint.get("volumeClaimName") else default_checkpoint_location)
+        or api.DEFAULT_CHECKPOINT_DIR,
         checkpoint_claim=checkpoint.get("volumeClaimName") or None,
         max_restarts=_int(raw.get("maxRestarts"), "maxRestarts", 3) or 0,
         ttl_seconds_after_finished=_int(
@@ -294,6 +301,12 @@ def parse_spec(raw: Mapping[str, Any]) -> ExperimentSpec:
         volumes=_objects(raw.get("volumes"), "volumes"),
         volume_mounts=_objects(raw.get("volumeMounts"), "volumeMounts"),
     )
+
+
+def experiment_checkpoint_location(default: str | None, namespace: str, name: str) -> str | None:
+    """`<default>/<namespace>/<name>`: an experiment's own folder under the operator's default
+    checkpoint location (--default-checkpoint-location); None without one."""
+    return f"{default.rstrip('/')}/{namespace}/{name}" if default else None
 
 
 # -- time stamps as Kubernetes writes them ------------------------------------------

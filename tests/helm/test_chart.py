@@ -24,6 +24,7 @@ def custom_values(watched: list[str], dashboard_namespace: str) -> dict:
             "pullPolicy": "Always",
         },
         "imagePullSecrets": [{"name": "regcred"}],
+        "checkpoints": {"defaultLocation": "s3://team-bucket/evokube"},
         "operator": {
             "replicas": 3,
             "leaderElection": {
@@ -108,6 +109,8 @@ def test_lint_is_clean_with_default_and_custom_values(cluster, tmp_path):
         ({"serviceMonitor": {"interval": "soon"}}, "/serviceMonitor/interval"),
         ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
         ({"replicas": 2}, "replicas"),
+        ({"checkpoints": {"defaultLocation": "/checkpoints"}}, "/checkpoints/defaultLocation"),
+        ({"checkpoints": {"defaultLocation": "gs://b/../x"}}, "/checkpoints/defaultLocation"),
         (
             {"dashboard": {"labels": {"grafana_dashboard": 1}}},
             "/dashboard/labels/grafana_dashboard",
@@ -218,6 +221,7 @@ def test_custom_values_reach_the_manifests(cluster):
         "--unschedulable-timeout-seconds=60",
         "--namespace=team-a",
         "--namespace=team-b",
+        "--default-checkpoint-location=s3://team-bucket/evokube",
         '--metrics-from=[{"podSelector":{"matchLabels":{"app.kubernetes.io/name":"prometheus"}}}]',
         "--leader-election-namespace=ops",
         "--leader-election-lease-name=rl-lease",

@@ -80,3 +80,21 @@ def test_timeouts_of_pods_that_cannot_start(capsys):
     assert (options.start_timeouts.image_pull, options.start_timeouts.unschedulable) == (30, 0)
     with pytest.raises(SystemExit):
         parse_args(["--unschedulable-timeout-seconds", "-1"])
+
+
+@pytest.mark.parametrize("url", ["gs://team-bucket/evokube", "s3://team.bucket", "gs://b_1/a/b"])
+def test_a_default_checkpoint_location_in_a_bucket(url):
+    options, _ = parse_args(["--default-checkpoint-location", url])
+    assert options.default_checkpoint_location == url
+    assert parse_args([])[0].default_checkpoint_location is None
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["/checkpoints", "gs://b", "s3://bucket_x/y", "gs://bucket/../x", "gs://bucket/x/", "az://c/x"],
+)
+def test_a_default_checkpoint_location_the_crd_would_refuse_is_refused(url, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--default-checkpoint-location", url])
+    assert exit_.value.code == 2
+    assert "--default-checkpoint-location" in capsys.readouterr().err

@@ -39,6 +39,12 @@ def settle(obs, plan):
 
 
 def reasons(plan):
+    """The plan's Event reasons, but the emptyDir warning (tested below, on its own): the
+    factories' experiments keep their checkpoints in the default emptyDir."""
+    return [e.reason for e in plan.events if e.reason != api.REASON_EMPTYDIR_CHECKPOINTS]
+
+
+def all_reasons(plan):
     return [e.reason for e in plan.events]
 
 
@@ -567,3 +573,61 @@ def test_a_suspended_experiment_is_no_longer_blocked():
     plan = decide(observe(status, suspend=True))
     condition = find(plan.status.conditions, api.COND_BLOCKED)
     assert (condition["status"], condition["reason"]) == ("False", api.REASON_SUSPENDED)
+
+
+# -- where checkpoints go ------------------------------------------------------------------
+DEFAULT = "gs://team-bucket/evokube"
+
+
+def test_without_a_location_the_operators_default_names_the_experiments_own_folder():
+    plan = decide(observe(), default_checkpoints=DEFAULT)
+    assert plan.status.checkpoint_location == f"{DEFAULT}/ns/demo"
+    assert plan.spec.checkpoint_location == f"{DEFAULT}/ns/demo"
+    assert find(plan.status.conditions, api.COND_CHECKPOINTS_EPHEMERAL) is None
+    assert api.REASON_EMPTYDIR_CHECKPOINTS not in all_reasons(plan)
+
+
+def test_the_experiments_own_location_wins_over_the_default():
+    plan = decide(observe(checkpoint={"location": "s3://mine/x"}), default_checkpoints=DEFAULT)
+    assert plan.status.checkpoint_location == "s3://mine/x"
+
+
+def test_a_changed_default_never_moves_a_started_experiment():
+    first = decide(observe(), default_checkpoints=DEFAULT)
+    obs = settle(observe(), first)
+    restart = decide(obs, default_checkpoints="s3://elsewhere")
+    assert restart.status.checkpoint_location == f"{DEFAULT}/ns/demo"
+    assert restart.spec.checkpoint_location == f"{DEFAULT}/ns/demo"
+
+
+def test_checkpoints_in_an_emptydir_are_a_warning_once_not_a_refusal():
+    plan = decide(observe())
+    warning = find(plan.status.conditions, api.COND_CHECKPOINTS_EPHEMERAL)
+    assert (warning["status"], warning["reason"]) == ("True", api.REASON_EMPTYDIR_CHECKPOINTS)
+    assert "will not survive a gang restart" in warning["message"]
+    assert [e.type for e in plan.events if e.reason == api.REASON_EMPTYDIR_CHECKPOINTS] == [
+        "Warning"
+    ]
+    assert plan.create_job == 0
+    again = decide(settle(observe(), plan))
+    assert api.REASON_EMPTYDIR_CHECKPOINTS not in all_reasons(again)
+
+
+@pytest.mark.parametrize(
+    "checkpoint",
+    [
+        {"location": "gs://b-1/x"},
+        {"location": "s3://b-1/x"},
+        {"location": "/c", "volumeClaimName": "c"},
+    ],
+)
+def test_checkpoints_that_outlive_the_pods_raise_no_warning(checkpoint):
+    plan = decide(observe(checkpoint=checkpoint))
+    assert find(plan.status.conditions, api.COND_CHECKPOINTS_EPHEMERAL) is None
+    assert api.REASON_EMPTYDIR_CHECKPOINTS not in all_reasons(plan)
+
+
+def test_a_claim_without_a_location_keeps_the_default_path_not_the_default_bucket():
+    plan = decide(observe(checkpoint={"volumeClaimName": "c"}), default_checkpoints=DEFAULT)
+    assert plan.status.checkpoint_location == api.DEFAULT_CHECKPOINT_DIR
+    assert plan.spec.checkpoint_claim == "c"

@@ -105,6 +105,7 @@ def test_a_new_experiment_gets_its_objects_then_status_then_its_job():
         ("create", "Role"),
         ("create", "RoleBinding"),
         ("patch_status", api.KIND),
+        ("event", api.REASON_EMPTYDIR_CHECKPOINTS),  # the factory's experiment: no location
         ("create", "Job"),
         ("event", api.REASON_JOB_CREATED),
     ]
