@@ -22,6 +22,13 @@ def moto_s3(tmp_path_factory):
     emulator.stop()
 
 
+@pytest.fixture(scope="session")
+def moto_s3_enforcing_iam(tmp_path_factory):
+    emulator = start_moto(tmp_path_factory.mktemp("moto-iam") / "server.log", enforce_iam=True)
+    yield emulator
+    emulator.stop()
+
+
 @pytest.fixture(params=["gs", "s3"])
 def store(request, monkeypatch):
     """Each emulator in turn, with this process's environment pointing at it and a fresh

@@ -8,6 +8,7 @@ to reach it.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -86,11 +87,14 @@ def start_fake_gcs(log: Path) -> Emulator:
     return Emulator("gs", endpoint, {"STORAGE_EMULATOR_HOST": endpoint}, process)
 
 
-def start_moto(log: Path) -> Emulator:
+def start_moto(log: Path, *, enforce_iam: bool = False) -> Emulator:
+    """moto's S3 endpoint; with `enforce_iam`, every request must be signed by a known IAM
+    user (there is none: each is refused with 403 InvalidAccessKeyId)."""
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env={**os.environ, **({"INITIAL_NO_AUTH_ACTION_COUNT": "0"} if enforce_iam else {})},
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
     )

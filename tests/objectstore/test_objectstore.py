@@ -54,6 +54,18 @@ def test_missing_bucket_is_a_configuration_error(store):
         objectstore.prepare(emulator.url("evokube-no-such-bucket", "exp"))
 
 
+def test_denied_access_is_a_configuration_error(moto_s3_enforcing_iam, monkeypatch):
+    """(fake-gcs-server checks no credentials, so only S3 can deny here.)"""
+    for key, value in moto_s3_enforcing_iam.env.items():
+        monkeypatch.setenv(key, value)
+    fsspec.filesystem("s3").clear_instance_cache()
+    try:
+        with pytest.raises(exitcodes.PermanentError, match="denied"):
+            objectstore.prepare(moto_s3_enforcing_iam.url("team-bucket", "exp"))
+    finally:
+        fsspec.filesystem("s3").clear_instance_cache()
+
+
 def test_unreachable_endpoint_is_retriable(store, monkeypatch):
     emulator, bucket = store
     closed = f"http://127.0.0.1:{free_port()}"
