@@ -391,9 +391,10 @@ def _begin(stack: Stack, ns: str, timeline: Timeline, **spec_changes: Any) -> Re
     return report
 
 
-def killed_trainer(stack: Stack, ns: str, timeline: Timeline) -> Report:
-    """SIGKILL one trainer mid-run: a counted gang restart that resumes from the checkpoint."""
-    report = _begin(stack, ns, timeline)
+def killed_trainer(stack: Stack, ns: str, timeline: Timeline, **spec_changes: Any) -> Report:
+    """SIGKILL one trainer mid-run: a counted gang restart that resumes from the checkpoint
+    (in experiment.yaml's claim, or where `spec_changes` put it)."""
+    report = _begin(stack, ns, timeline, **spec_changes)
     name = report.watcher.name
     try:
         pods = _train_until(stack, ns, f"{name}-0", KILL_AT, report)

@@ -7,10 +7,12 @@ to Succeeded and checks what it measured; a failing assertion prints the
 scenario's timeline.
 """
 
+import fsspec
 import pytest
 
 from tests.e2e import scenarios
 from tests.e2e.scenarios import KILL_AT, Report, Timeline, table_columns
+from tests.objectstore.emulators import start_fake_gcs
 
 pytestmark = pytest.mark.cluster
 
@@ -18,14 +20,14 @@ NAME = "cartpole"
 PHASES = ["Pending", "Running", "Restarting", "Running", "Succeeded"]
 
 
-def check_success(report: Report) -> dict:
+def check_success(report: Report, location: str = "/checkpoints") -> dict:
     """Succeeded, with progress and conditions that agree; returns the status."""
     status = report.status
     assert status["phase"] == "Succeeded", report
     # Every phase the experiment went through, as a watch saw them.
     assert report.watcher.phases == PHASES, report
     assert status["hosts"] == 2 and status["completionTime"], report
-    assert status["checkpointLocation"] == "/checkpoints"
+    assert status["checkpointLocation"] == location
     progress = status["progress"]
     assert progress["bestFitness"] >= report.target, report
     assert progress["lastCheckpoint"] == progress["generation"], report  # saved on the way out
@@ -87,6 +89,39 @@ def test_a_killed_trainer_restarts_the_gang_from_its_checkpoint_to_the_target(st
         run_info = [dict(k[1]) for k in samples if k[0] == "evokube_run_info"]
         assert run_info[0]["processes"] == "2" and run_info[0]["devices"] == "2"
     assert counter_delta(report, "evokube_operator_gang_restarts_total", kind="counted") == 1
+
+
+@pytest.fixture(scope="module")
+def fake_gcs(tmp_path_factory):
+    emulator = start_fake_gcs(tmp_path_factory.mktemp("fake-gcs") / "server.log")
+    yield emulator
+    emulator.stop()
+
+
+def test_a_killed_trainer_resumes_from_a_gs_bucket_on_fresh_pods(stack, e2e_namespace, fake_gcs):
+    """No claim, no shared disk: the new gang's pods find the checkpoints in the bucket."""
+    fs = fsspec.filesystem("gs", skip_instance_cache=True, endpoint_url=fake_gcs.endpoint)
+    fs.mkdir("e2e-checkpoints")
+    location = fake_gcs.url("e2e-checkpoints", e2e_namespace, NAME)
+    report = scenarios.killed_trainer(
+        stack,
+        e2e_namespace,
+        Timeline(),
+        checkpoint={"location": location, "volumeClaimName": None},
+        env=[{"name": key, "value": value} for key, value in fake_gcs.env.items()],
+    )
+
+    status = check_success(report, location)
+    assert status["restarts"] == 1, report
+    conditions = {c["type"] for c in status["conditions"]}
+    assert "CheckpointsEphemeral" not in conditions
+    assert report.resumed_at > 0 and report.resumed_at % report.interval == 0, report
+    assert 0 <= report.disturbed_at - report.resumed_at <= report.interval, report
+    steps = {
+        p.rsplit("/", 1)[1] for p in fs.ls(f"e2e-checkpoints/{e2e_namespace}/{NAME}/checkpoints")
+    }
+    assert str(status["progress"]["lastCheckpoint"]) in steps, steps
+    assert fs.find(f"e2e-checkpoints/{e2e_namespace}/{NAME}/xla-cache")
 
 
 def test_an_evicted_trainer_checkpoints_on_sigterm_and_the_restart_is_not_counted(
