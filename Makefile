@@ -68,6 +68,6 @@ cluster-down: setup
 run: setup
 	$(VENV)/bin/evokube run examples/pendulum-cemrl.yaml
 
-# SCENARIO: killed-trainer (default), evicted-trainer, killed-operator or all.
+# SCENARIO: killed-trainer (default), killed-trainer-gs, evicted-trainer, killed-operator or all.
 demo: setup cluster-binaries
 	$(VENV)/bin/python -m tests.e2e $(SCENARIO)

@@ -31,6 +31,7 @@ from tests.e2e.stack import (
     Samples,
     Stack,
 )
+from tests.objectstore.emulators import Emulator, start_fake_gcs
 
 RESUMED = re.compile(r"resumed from checkpoint at generation (\d+)")
 STOPPED = re.compile(r"stopped at generation (\d+): (.*)")
@@ -540,8 +541,33 @@ class JobHold:
         wait_until(lambda: not self._refused(), 30, f"the hold on Job {self.job} to go")
 
 
+def killed_trainer_in_a_bucket(
+    stack: Stack, ns: str, timeline: Timeline, emulator: Emulator | None = None
+) -> Report:
+    """SIGKILL one trainer of a gang that checkpoints to a bucket (fake-gcs-server unless
+    `emulator` is given): no claim, no shared disk; the fresh pods resume from the bucket."""
+    own = emulator is None
+    if emulator is None:
+        emulator = start_fake_gcs(stack.workdir / f"fake-gcs-{ns}.log")
+    try:
+        emulator.filesystem().mkdir("e2e-checkpoints")
+        location = emulator.url("e2e-checkpoints", ns, "cartpole")
+        timeline.add("bucket", f"{location} on {emulator.endpoint}")
+        return killed_trainer(
+            stack,
+            ns,
+            timeline,
+            checkpoint={"location": location, "volumeClaimName": None},
+            env=[{"name": key, "value": value} for key, value in emulator.env.items()],
+        )
+    finally:
+        if own:
+            emulator.stop()
+
+
 SCENARIOS = {
     "killed-trainer": killed_trainer,
+    "killed-trainer-gs": killed_trainer_in_a_bucket,
     "evicted-trainer": evicted_trainer,
     "killed-operator": killed_operator,
 }

@@ -7,12 +7,11 @@ to Succeeded and checks what it measured; a failing assertion prints the
 scenario's timeline.
 """
 
-import fsspec
 import pytest
 
 from tests.e2e import scenarios
 from tests.e2e.scenarios import KILL_AT, Report, Timeline, table_columns
-from tests.objectstore.emulators import start_fake_gcs
+from tests.objectstore.emulators import start_fake_gcs, start_moto
 
 pytestmark = pytest.mark.cluster
 
@@ -91,25 +90,22 @@ def test_a_killed_trainer_restarts_the_gang_from_its_checkpoint_to_the_target(st
     assert counter_delta(report, "evokube_operator_gang_restarts_total", kind="counted") == 1
 
 
-@pytest.fixture(scope="module")
-def fake_gcs(tmp_path_factory):
-    emulator = start_fake_gcs(tmp_path_factory.mktemp("fake-gcs") / "server.log")
+@pytest.fixture(scope="module", params=["gs", "s3"])
+def bucket_emulator(request, tmp_path_factory):
+    start = {"gs": start_fake_gcs, "s3": start_moto}[request.param]
+    emulator = start(tmp_path_factory.mktemp(request.param) / "server.log")
     yield emulator
     emulator.stop()
 
 
-def test_a_killed_trainer_resumes_from_a_gs_bucket_on_fresh_pods(stack, e2e_namespace, fake_gcs):
-    """No claim, no shared disk: the new gang's pods find the checkpoints in the bucket."""
-    fs = fsspec.filesystem("gs", skip_instance_cache=True, endpoint_url=fake_gcs.endpoint)
-    fs.mkdir("e2e-checkpoints")
-    location = fake_gcs.url("e2e-checkpoints", e2e_namespace, NAME)
-    report = scenarios.killed_trainer(
-        stack,
-        e2e_namespace,
-        Timeline(),
-        checkpoint={"location": location, "volumeClaimName": None},
-        env=[{"name": key, "value": value} for key, value in fake_gcs.env.items()],
-    )
+def test_a_killed_trainer_resumes_from_a_bucket_on_fresh_pods(
+    stack, e2e_namespace, bucket_emulator
+):
+    """No claim, no shared disk: the new gang's pods find the checkpoints in the bucket
+    (fake-gcs-server for gs://, moto for s3://; the pods reach it through spec.env)."""
+    emulator = bucket_emulator
+    report = scenarios.killed_trainer_in_a_bucket(stack, e2e_namespace, Timeline(), emulator)
+    fs, location = emulator.filesystem(), emulator.url("e2e-checkpoints", e2e_namespace, NAME)
 
     status = check_success(report, location)
     assert status["restarts"] == 1, report

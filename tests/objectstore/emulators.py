@@ -34,6 +34,22 @@ class Emulator:
     env: dict[str, str]
     process: subprocess.Popen = field(repr=False)
 
+    def filesystem(self):
+        """An fsspec filesystem on this emulator, whatever this process's environment says."""
+        import fsspec
+
+        if self.scheme == "gs":
+            return fsspec.filesystem(
+                "gs", skip_instance_cache=True, endpoint_url=self.endpoint, token="anon"
+            )
+        return fsspec.filesystem(
+            "s3",
+            skip_instance_cache=True,
+            endpoint_url=self.endpoint,
+            key=self.env["AWS_ACCESS_KEY_ID"],
+            secret=self.env["AWS_SECRET_ACCESS_KEY"],
+        )
+
     def url(self, bucket: str, *prefix: str) -> str:
         return "/".join([f"{self.scheme}://{bucket}", *prefix])
 
