@@ -23,15 +23,16 @@ RUN groupadd --gid 1000 evokube \
         --shell /usr/sbin/nologin evokube
 WORKDIR /home/evokube
 
-# A stand-in wheel with evokube's metadata and no code: the dependency layers
-# depend on pyproject.toml alone.
+# A stand-in wheel with evokube's metadata and no code, beside the tested
+# versions (constraints.txt): the dependency layers depend on these two files alone.
 FROM python AS metadata
 WORKDIR /src
-COPY pyproject.toml ./
+COPY pyproject.toml constraints.txt ./
 RUN mkdir -p operator/evokube_operator trainer/evokube_trainer crds \
     && touch README.md crds/erlexperiments.evokube.io.yaml \
     && python3 -m venv /tmp/build \
-    && /tmp/build/bin/pip wheel --no-deps --wheel-dir /metadata .
+    && /tmp/build/bin/pip wheel --no-deps --wheel-dir /metadata . \
+    && cp constraints.txt /metadata/
 
 # The real evokube wheel.
 FROM python AS wheel
@@ -50,7 +51,7 @@ RUN python3 -m venv /tmp/build \
 FROM python AS operator
 COPY --from=metadata /metadata /tmp/metadata
 RUN python3 -m venv /opt/evokube \
-    && pip install "$(echo /tmp/metadata/evokube-*.whl)[operator]" \
+    && pip install -c /tmp/metadata/constraints.txt "$(echo /tmp/metadata/evokube-*.whl)[operator]" \
     && pip uninstall --yes evokube \
     && rm -r /tmp/metadata
 COPY --from=wheel /wheels /tmp/wheels
@@ -62,7 +63,7 @@ ENTRYPOINT ["evokube-operator"]
 FROM python AS trainer-cuda
 COPY --from=metadata /metadata /tmp/metadata
 RUN python3 -m venv /opt/evokube \
-    && pip install "$(echo /tmp/metadata/evokube-*.whl)[cuda]" \
+    && pip install -c /tmp/metadata/constraints.txt "$(echo /tmp/metadata/evokube-*.whl)[cuda]" \
     && pip uninstall --yes evokube \
     && rm -r /tmp/metadata
 COPY --from=wheel /wheels /tmp/wheels
@@ -74,7 +75,7 @@ CMD ["evokube-train"]
 FROM python AS trainer-tpu
 COPY --from=metadata /metadata /tmp/metadata
 RUN python3 -m venv /opt/evokube \
-    && pip install "$(echo /tmp/metadata/evokube-*.whl)[tpu]" \
+    && pip install -c /tmp/metadata/constraints.txt "$(echo /tmp/metadata/evokube-*.whl)[tpu]" \
     && pip uninstall --yes evokube \
     && rm -r /tmp/metadata
 COPY --from=wheel /wheels /tmp/wheels
@@ -91,7 +92,7 @@ CMD ["evokube-train"]
 FROM python AS trainer-cpu
 COPY --from=metadata /metadata /tmp/metadata
 RUN python3 -m venv /opt/evokube \
-    && pip install "$(echo /tmp/metadata/evokube-*.whl)[trainer]" \
+    && pip install -c /tmp/metadata/constraints.txt "$(echo /tmp/metadata/evokube-*.whl)[trainer]" \
     && pip uninstall --yes evokube \
     && rm -r /tmp/metadata
 COPY --from=wheel /wheels /tmp/wheels

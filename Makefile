@@ -8,19 +8,29 @@ VENV := .venv
 # Reinstall when pyproject.toml changes.
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: setup system-deps cluster-binaries checkov lint test run demo cluster-up cluster-down
+.PHONY: setup lock system-deps cluster-binaries checkov lint test run demo cluster-up cluster-down
 
 # Debian packages the tests use: Prometheus (tests/observability), podman,
 # buildah and debootstrap (tests/images build the Dockerfile without a Docker engine).
 SYSTEM_PACKAGES := prometheus podman buildah debootstrap
 SYSTEM_TOOLS := prometheus promtool podman buildah debootstrap
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	rm -f $(VENV)/.installed-*
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[dev]'
+	$(VENV)/bin/pip install -q -c constraints.txt -e '.[dev]'
 	touch $@
+
+# constraints.txt: the tested versions, regenerated from a fresh resolution of the extras.
+lock:
+	rm -rf .venv-lock
+	$(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/pip install -q --upgrade pip
+	.venv-lock/bin/pip install -q '.[dev]'
+	{ sed -n '/^#/p' constraints.txt; .venv-lock/bin/pip freeze --exclude-editable | grep -v '^evokube'; } > constraints.new
+	mv constraints.new constraints.txt
+	rm -rf .venv-lock
 
 setup: $(STAMP)
 

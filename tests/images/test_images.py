@@ -221,7 +221,8 @@ def test_hadolint_finds_nothing():
 
 @pytest.mark.parametrize(("extra", "wanted"), [("cuda", "jax-cuda12-plugin"), ("tpu", "libtpu")])
 def test_the_gpu_and_tpu_extras_resolve(tmp_path, extra, wanted):
-    """What the trainer-cuda and trainer-tpu targets install exists on the package index."""
+    """What the trainer-cuda and trainer-tpu targets install exists on the package index,
+    under the same constraints (constraints.txt) as the images."""
     pip = [sys.executable, "-m", "pip"]
     run([*pip, "wheel", "--no-deps", "--quiet", "--wheel-dir", str(tmp_path), str(REPO)])
     (wheel,) = tmp_path.glob("evokube-*.whl")
@@ -234,6 +235,7 @@ def test_the_gpu_and_tpu_extras_resolve(tmp_path, extra, wanted):
             "--ignore-installed",
             "--quiet",
             f"--report={report}",
+            f"--constraint={REPO / 'constraints.txt'}",
             f"{wheel}[{extra}]",
         ]
     )
