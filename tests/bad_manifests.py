@@ -744,9 +744,9 @@ GOOD_MANIFESTS = [
         },
     ),
     GoodManifest(
-        "kueue labels and benign annotations",
+        "benign labels and annotations",
         {
-            "spec.podLabels": {"kueue.x-k8s.io/queue-name": "q", "team": "a", "example.com/x": ""},
+            "spec.podLabels": {"team": "a", "example.com/x": ""},
             "spec.podAnnotations": {
                 "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
                 "example.com/note": "any text\nwith lines",
@@ -1107,5 +1107,47 @@ GOOD_MANIFESTS += [
                 {"name": "both", "mountPath": "/config"},
             ],
         },
+    ),
+]
+
+# Kueue: the queue and its priority are fields of their own; the labels are the operator's.
+BAD_MANIFESTS += [
+    *_bad(
+        "spec.queueName",
+        {
+            "queue name with capitals": {"spec.queueName": "TPU-queue"},
+            "queue name with a slash": {"spec.queueName": "team/q"},
+            "queue name longer than a label value": {"spec.queueName": "q" * 64},
+            "queue name empty": {"spec.queueName": ""},
+        },
+    ),
+    *_bad(
+        "spec.workloadPriorityClassName",
+        {
+            "workload priority without a queue": {"spec.workloadPriorityClassName": "high"},
+            "workload priority with a dot and no queue": {"spec.workloadPriorityClassName": "a.b"},
+            "workload priority of 64 characters": {
+                "spec.queueName": "q",
+                "spec.workloadPriorityClassName": "p" * 64,
+            },
+        },
+    ),
+    *_bad(
+        "spec.podLabels",
+        {
+            "kueue queue label in podLabels": {
+                "spec.podLabels": {"kueue.x-k8s.io/queue-name": "q"}
+            },
+            "kueue priority label in podLabels": {
+                "spec.podLabels": {"kueue.x-k8s.io/priority-class": "high"}
+            },
+        },
+    ),
+]
+GOOD_MANIFESTS += [
+    GoodManifest("a queue", {"spec.queueName": "tpu-v5e"}),
+    GoodManifest(
+        "a queue and a workload priority",
+        {"spec.queueName": "team-a", "spec.workloadPriorityClassName": "high-priority"},
     ),
 ]

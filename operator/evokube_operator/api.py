@@ -23,8 +23,13 @@ LABEL_COMPONENT: Final = "app.kubernetes.io/component"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "evokube-operator"
 APP_NAME: Final = "evokube-trainer"
-# podLabels under this prefix are copied onto the Job too (Kueue's Job integration reads them).
-KUEUE_LABEL_PREFIX: Final = "kueue.x-k8s.io/"
+# Kueue's Job integration: the LocalQueue and WorkloadPriorityClass of a Job (spec.queueName,
+# spec.workloadPriorityClassName), and the label of a Workload naming its Job's uid.
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL: Final = "kueue.x-k8s.io/priority-class"
+KUEUE_JOB_UID_LABEL: Final = "kueue.x-k8s.io/job-uid"
+KUEUE_GROUP: Final = "kueue.x-k8s.io"
+KUEUE_VERSION: Final = "v1beta2"
 
 # -- Kubernetes' own keys the operator reads -----------------------------------
 JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"
@@ -91,12 +96,16 @@ RESTARTING: Final = "Restarting"
 SUCCEEDED: Final = "Succeeded"
 FAILED: Final = "Failed"
 SUSPENDED: Final = "Suspended"
+QUEUED: Final = "Queued"  # the Job waits for admission by Kueue (spec.queueName)
 FINISHED_PHASES: Final = frozenset({SUCCEEDED, FAILED})
 
 # -- status.conditions: types -----------------------------------------------------------
 COND_RUNNING: Final = "Running"  # True while every host's pod runs
 COND_RESTARTING: Final = "Restarting"  # True from a gang failure until every new pod runs
 COND_SUSPENDED: Final = "Suspended"  # True while spec.suspend keeps the gang away
+# True while the Job waits for admission by its queue, with Kueue's reason and message;
+# False (reason Admitted) once admitted.
+COND_QUEUED: Final = "Queued"
 COND_SUCCEEDED: Final = "Succeeded"  # final
 COND_FAILED: Final = "Failed"  # final
 # True while something a person must fix keeps the gang from starting or going on.
@@ -111,6 +120,11 @@ REASON_WAITING_FOR_HOSTS: Final = "WaitingForHosts"
 REASON_WAITING_FOR_PREVIOUS_PODS: Final = "WaitingForPreviousPods"
 REASON_ALL_HOSTS_RUNNING: Final = "AllHostsRunning"
 REASON_JOB_SUSPENDED: Final = "JobSuspended"  # an admission controller (Kueue) holds the Job
+REASON_ADMITTED: Final = "Admitted"  # Queued False: the queue admitted the Job
+# Queued True before any Kueue Workload for the Job was seen (Kueue missing or not yet there).
+REASON_NO_WORKLOAD: Final = "NoWorkload"
+# Preemptions: Kueue suspended an admitted Job (preempted, or its pods not ready in time).
+REASON_EVICTED: Final = "Evicted"
 REASON_RETRIABLE_FAILURE: Final = "RetriableFailure"
 REASON_PREEMPTED: Final = "Preempted"
 REASON_RECOVERED: Final = "Recovered"

@@ -13,7 +13,7 @@ controls (ownership.py), as anybody may take a name first:
 | headless Service | `<experiment>` |
 | NetworkPolicy (unless turned off) | `<experiment>` |
 | ServiceAccount, Role, RoleBinding | `<experiment>-trainer` |
-| Indexed Job of attempt n | `<experiment>-<n>` (n = restarts + preemptions) |
+| Indexed Job of attempt n | `<experiment>-<n>` (n = status.attempt) |
 """
 
 from __future__ import annotations
@@ -355,8 +355,12 @@ def _checkpoint_volume(spec: ExperimentSpec) -> tuple[list[dict], list[dict]]:
 
 
 def job_labels(exp: Experiment, spec: ExperimentSpec, attempt: int) -> dict[str, str]:
-    kueue = {k: v for k, v in spec.pod_labels.items() if k.startswith(api.KUEUE_LABEL_PREFIX)}
-    return {**kueue, **common_labels(exp.name), api.LABEL_ATTEMPT: str(attempt)}
+    labels = {**common_labels(exp.name), api.LABEL_ATTEMPT: str(attempt)}
+    if spec.queue_name:
+        labels[api.KUEUE_QUEUE_LABEL] = spec.queue_name
+        if spec.workload_priority_class_name:
+            labels[api.KUEUE_PRIORITY_LABEL] = spec.workload_priority_class_name
+    return labels
 
 
 def pod_labels(exp: Experiment, spec: ExperimentSpec, attempt: int) -> dict[str, str]:
@@ -475,6 +479,8 @@ def job(
     }
     if active_deadline_seconds is not None:
         job_spec["activeDeadlineSeconds"] = max(1, int(active_deadline_seconds))
+    if spec.queue_name:  # Kueue admits it (unsuspends) when the whole gang fits its quota
+        job_spec["suspend"] = True
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

@@ -55,6 +55,8 @@ class ExperimentSpec:
     tolerations: tuple[Mapping[str, Any], ...] = ()
     affinity: Mapping[str, Any] | None = None
     priority_class_name: str | None = None
+    queue_name: str | None = None  # Kueue LocalQueue: the Job is created suspended
+    workload_priority_class_name: str | None = None
     pod_labels: Mapping[str, str] = field(default_factory=dict)
     pod_annotations: Mapping[str, str] = field(default_factory=dict)
     checkpoint_location: str = api.DEFAULT_CHECKPOINT_DIR
@@ -272,6 +274,8 @@ def parse_spec(
         tolerations=tuple(tolerations),
         affinity=affinity or None,
         priority_class_name=raw.get("priorityClassName") or None,
+        queue_name=raw.get("queueName") or None,
+        workload_priority_class_name=raw.get("workloadPriorityClassName") or None,
         pod_labels=_mapping(raw.get("podLabels"), "podLabels"),
         pod_annotations=_mapping(raw.get("podAnnotations"), "podAnnotations"),
         # A claim without a location is mounted at the default path, not overridden.

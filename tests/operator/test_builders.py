@@ -200,8 +200,9 @@ def test_passthrough_fields_reach_the_pods_and_ours_win_conflicts():
         ],
         affinity={"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
         priorityClassName="research-high",
+        queueName="tpu-queue",
+        workloadPriorityClassName="research",
         podLabels={
-            "kueue.x-k8s.io/queue-name": "tpu-queue",
             "team": "rl",
             api.LABEL_EXPERIMENT: "someone-else",
         },
@@ -222,9 +223,12 @@ def test_passthrough_fields_reach_the_pods_and_ours_win_conflicts():
     assert pod["priorityClassName"] == "research-high"
     labels = job["spec"]["template"]["metadata"]["labels"]
     assert labels["team"] == "rl"
-    assert labels["kueue.x-k8s.io/queue-name"] == "tpu-queue"
     assert labels[api.LABEL_EXPERIMENT] == "demo"  # the Service selects pods by it
-    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "tpu-queue"
+    # Kueue reads the Job's labels (not the pods'), and admits the Job by unsuspending it.
+    assert not any(key.startswith("kueue.x-k8s.io/") for key in labels)
+    assert job["metadata"]["labels"][api.KUEUE_QUEUE_LABEL] == "tpu-queue"
+    assert job["metadata"]["labels"][api.KUEUE_PRIORITY_LABEL] == "research"
+    assert job["spec"]["suspend"] is True
     assert "team" not in job["metadata"]["labels"]
     annotations = job["spec"]["template"]["metadata"]["annotations"]
     assert annotations["note"] == "hi"
