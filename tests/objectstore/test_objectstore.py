@@ -133,5 +133,7 @@ def test_two_hosts_write_to_the_bucket_and_resume_there(store, tmp_path):
         row["generation"] for row in read_history(tmp_path / "runs" / "two-hosts" / "history.jsonl")
     ]
     assert generations == [1, 2, 3, 4], generations
+    in_bucket = [json.loads(line) for line in fs.cat_file(f"{root}/history.jsonl").splitlines()]
+    assert [record["generation"] for record in in_bucket] == [1, 2, 3, 4], in_bucket
     layout = json.loads(fs.cat_file(f"{root}/checkpoints/4/layout/metadata"))
     assert layout["processes"] == 2 and layout["devices"] == 4

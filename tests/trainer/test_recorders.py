@@ -77,3 +77,60 @@ def test_memory_recorder_and_the_protocol():
         recorder.last("z")
     for candidate in (recorder, ConsoleRecorder()):
         assert isinstance(candidate, Recorder)
+
+
+def _bucket_lines(url):
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    return [json.loads(line) for line in fs.cat_file(path).decode().splitlines()]
+
+
+def test_bucket_recorder_keeps_the_earlier_text_and_uploads_at_most_every_interval():
+    from evokube_trainer.recorders import BucketJsonLinesRecorder, history_recorder
+
+    url = "memory://evokube-test/runs/exp/history.jsonl"
+    with BucketJsonLinesRecorder(url) as first:  # an earlier life of the run
+        first.write(1, {"a": 1})
+    assert [r["generation"] for r in _bucket_lines(url)] == [1]
+
+    recorder = history_recorder(url)
+    assert isinstance(recorder, BucketJsonLinesRecorder)
+    recorder.write(2, {"a": 2})  # the first write uploads at once, after reading gen 1
+    recorder.write(3, {"a": float("nan")})  # within 10 s: kept, not uploaded yet
+    assert [r["generation"] for r in _bucket_lines(url)] == [1, 2]
+    recorder.close()
+    records = _bucket_lines(url)
+    assert [r["generation"] for r in records] == [1, 2, 3]
+    assert records[2]["metrics"] == {"a": "nan"}
+    with pytest.raises(ValueError, match="closed"):
+        recorder.write(4, {"a": 4})
+
+
+def test_bucket_recorder_logs_storage_errors_and_never_raises(caplog):
+    from evokube_trainer.recorders import BucketJsonLinesRecorder
+
+    recorder = BucketJsonLinesRecorder("nosuchscheme://bucket/history.jsonl", upload_every_s=0)
+    recorder.write(1, {"a": 1})
+    recorder.close()
+    assert "could not upload nosuchscheme://bucket/history.jsonl" in caplog.text
+
+
+def test_history_goes_beside_the_checkpoints_and_to_evokube_history(tmp_path, monkeypatch):
+    from evokube_trainer.recorders import BucketJsonLinesRecorder, JsonLinesRecorder
+    from evokube_trainer.runtime.entrypoint import history_recorders
+
+    monkeypatch.delenv("EVOKUBE_HISTORY", raising=False)
+    (cluster,) = history_recorders("gs://bucket/ns/exp/")
+    assert isinstance(cluster, BucketJsonLinesRecorder)
+    assert cluster.url == "gs://bucket/ns/exp/history.jsonl"
+    assert history_recorders(None) == []
+
+    monkeypatch.setenv("EVOKUBE_HISTORY", str(tmp_path / "history.jsonl"))
+    (same,) = history_recorders(str(tmp_path))  # a local run: one file, not two
+    assert isinstance(same, JsonLinesRecorder) and same.path == str(tmp_path / "history.jsonl")
+    same.close()
+    bucket, local = history_recorders("s3://bucket/exp")
+    assert bucket.url == "s3://bucket/exp/history.jsonl"
+    assert local.path == str(tmp_path / "history.jsonl")
+    local.close()

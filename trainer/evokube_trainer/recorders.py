@@ -11,6 +11,7 @@ closes recorders, their owner does.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -19,12 +20,16 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any, Protocol, runtime_checkable
 
 __all__ = [
+    "BucketJsonLinesRecorder",
     "ConsoleRecorder",
     "JsonLinesRecorder",
     "MemoryRecorder",
     "Recorder",
     "RecorderBase",
+    "history_recorder",
 ]
+
+_log = logging.getLogger(__name__)
 
 Metrics = Mapping[str, Any]
 
@@ -79,18 +84,79 @@ class JsonLinesRecorder(RecorderBase):
     def write(self, generation: int, metrics: Metrics) -> None:
         if self._file is None:
             raise ValueError(f"recorder for {self.path} is closed")
-        record = {
-            "generation": int(generation),
-            "time": time.time(),
-            "metrics": {name: _json_number(value) for name, value in metrics.items()},
-        }
-        self._file.write(json.dumps(record, sort_keys=True) + "\n")
+        self._file.write(_json_line(generation, metrics))
         self._file.flush()
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _json_line(generation: int, metrics: Metrics) -> str:
+    record = {
+        "generation": int(generation),
+        "time": time.time(),
+        "metrics": {name: _json_number(value) for name, value in metrics.items()},
+    }
+    return json.dumps(record, sort_keys=True) + "\n"
+
+
+class BucketJsonLinesRecorder(RecorderBase):
+    """JsonLinesRecorder's format in a bucket object (`gs://…`, `s3://…`, any fsspec URL).
+
+    An object cannot be appended to, so the recorder keeps the whole text (starting from what
+    an earlier life of the run left there) and uploads it at most every `upload_every_s`
+    seconds and at close. History is secondary to training: a read or upload that fails is
+    logged and retried at the next write, never raised, and the object is never overwritten
+    before its earlier text has been read.
+    """
+
+    def __init__(self, url: str, upload_every_s: float = 10.0):
+        self.url = url
+        self.upload_every_s = upload_every_s
+        self._earlier: str | None = None  # the object's text before this run; read lazily
+        self._lines: list[str] = []
+        self._uploaded_at = -math.inf
+        self._dirty = False
+        self._closed = False
+
+    def write(self, generation: int, metrics: Metrics) -> None:
+        if self._closed:
+            raise ValueError(f"recorder for {self.url} is closed")
+        self._lines.append(_json_line(generation, metrics))
+        self._dirty = True
+        if time.monotonic() - self._uploaded_at >= self.upload_every_s:
+            self._upload()
+
+    def close(self) -> None:
+        if not self._closed and self._dirty:
+            self._upload()
+        self._closed = True
+
+    def _upload(self) -> None:
+        import fsspec
+
+        try:
+            fs, path = fsspec.core.url_to_fs(self.url)
+            if self._earlier is None:
+                try:
+                    self._earlier = fs.cat_file(path).decode("utf-8")
+                except FileNotFoundError:
+                    self._earlier = ""
+            fs.pipe_file(path, (self._earlier + "".join(self._lines)).encode("utf-8"))
+        except Exception as err:  # any storage error: training goes on
+            _log.warning("could not upload %s (retried at the next generation): %s", self.url, err)
+            return
+        self._uploaded_at = time.monotonic()
+        self._dirty = False
+
+
+def history_recorder(location: str) -> RecorderBase:
+    """The history.jsonl recorder for `location`: a bucket URL or a path."""
+    if "://" in location:
+        return BucketJsonLinesRecorder(location)
+    return JsonLinesRecorder(location)
 
 
 DEFAULT_CONSOLE_KEYS = (

@@ -2,8 +2,9 @@
 
 Inputs come from the environment (docs/architecture.md): EVOKUBE_MANIFEST,
 JAX_* for the process group, EVOKUBE_CHECKPOINT_DIR, EVOKUBE_METRICS_PORT,
-EVOKUBE_REPORT_STATUS, and EVOKUBE_HISTORY (a JSON-lines file process 0
-appends each generation's metrics to). The exit code tells the operator what
+EVOKUBE_REPORT_STATUS, and EVOKUBE_HISTORY (a second JSON-lines file for
+each generation's metrics; the first is history.jsonl beside the
+checkpoints). The exit code tells the operator what
 to do next: 0 done, 75 restart from checkpoint, 78 give up.
 """
 
@@ -75,7 +76,6 @@ def _run(log: logging.Logger) -> int:
         heartbeat_timeout_s=timeouts["heartbeatTimeoutSeconds"],
     )
 
-    from evokube_trainer.recorders import JsonLinesRecorder
     from evokube_trainer.runtime.config import to_run_config
     from evokube_trainer.runtime.status import StatusReporter
     from evokube_trainer.runtime.trainer import StopFlags, train
@@ -94,8 +94,7 @@ def _run(log: logging.Logger) -> int:
     reporter = None
     if os.environ.get("EVOKUBE_REPORT_STATUS") == "1" and process_id == 0:
         reporter = StatusReporter(name, namespace)
-    history_path = os.environ.get("EVOKUBE_HISTORY")
-    history = JsonLinesRecorder(history_path) if history_path and process_id == 0 else None
+    histories = history_recorders(checkpoint_dir) if process_id == 0 else []
     flags = StopFlags()
     flags.install()
     try:
@@ -104,14 +103,32 @@ def _run(log: logging.Logger) -> int:
             checkpoint_dir=checkpoint_dir,
             metrics_port=int(os.environ.get("EVOKUBE_METRICS_PORT", config.metrics_port)),
             status_reporter=reporter,
-            recorders=[history] if history else [],
+            recorders=histories,
             flags=flags,
         )
     finally:
-        if history:
+        for history in histories:
             history.close()
     log.info("stopped at generation %d: %s", outcome.generation, outcome.reason)
     return outcome.exit_code
+
+
+HISTORY_FILE = "history.jsonl"
+
+
+def history_recorders(checkpoint_dir: str | None) -> list:
+    """Where process 0 writes history.jsonl: beside the checkpoints (so a cluster run's curve
+    outlives its pods, in a bucket too), and at EVOKUBE_HISTORY when that is elsewhere
+    (`evokube run` follows that file to print progress)."""
+    from evokube_trainer.recorders import history_recorder
+
+    locations = []
+    if checkpoint_dir:
+        locations.append(checkpoint_dir.rstrip("/") + "/" + HISTORY_FILE)
+    extra = os.environ.get("EVOKUBE_HISTORY")
+    if extra and os.path.abspath(extra) not in map(os.path.abspath, locations):
+        locations.append(extra)
+    return [history_recorder(location) for location in locations]
 
 
 # A checkpoint directory failing with these will fail the same way after a restart.
