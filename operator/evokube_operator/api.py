@@ -121,6 +121,8 @@ REASON_WAITING_FOR_PREVIOUS_PODS: Final = "WaitingForPreviousPods"
 REASON_ALL_HOSTS_RUNNING: Final = "AllHostsRunning"
 REASON_JOB_SUSPENDED: Final = "JobSuspended"  # an admission controller (Kueue) holds the Job
 REASON_ADMITTED: Final = "Admitted"  # Queued False: the queue admitted the Job
+REASON_QUEUED: Final = "Queued"  # Event: the experiment went to phase Queued
+REASON_NO_QUEUE: Final = "NoQueue"  # Queued False: the new attempt's Job has no queue
 # Queued True before any Kueue Workload for the Job was seen (Kueue missing or not yet there).
 REASON_NO_WORKLOAD: Final = "NoWorkload"
 # Preemptions: Kueue suspended an admitted Job (preempted, or its pods not ready in time).

@@ -24,7 +24,7 @@ from typing import Any, cast
 
 from evokube_operator import api, builders
 from evokube_operator import conditions as cond
-from evokube_operator.observe import JobEvent, JobView, PodView, gang_pods
+from evokube_operator.observe import JobEvent, JobView, PodView, QueueView, gang_pods
 from evokube_operator.ownership import Blocker
 from evokube_operator.policies import deadline, failure, startup, success, ttl
 from evokube_operator.spec import (
@@ -55,6 +55,9 @@ JOB_EVENTS_GRACE_SECONDS = 5.0
 # While a gang lacks pods, read its Job's events again (and decide again) this often: a refused
 # pod changes nothing that the operator watches. The reconciler reads them no more often.
 JOB_EVENTS_REQUEUE_SECONDS = 15.0
+# While a Job waits for Kueue, read its Workload again (and decide again) this often: the
+# operator does not watch Workloads, and the Queued condition shows Kueue's latest word.
+QUEUE_REQUEUE_SECONDS = 15.0
 
 # status field name in the API -> attribute of Status
 _FIELDS = {
@@ -63,6 +66,7 @@ _FIELDS = {
     "hosts": "hosts",
     "restarts": "restarts",
     "preemptions": "preemptions",
+    "attempt": "attempt",
     "startTime": "start_time",
     "completionTime": "completion_time",
     "jobName": "job_name",
@@ -82,6 +86,9 @@ class Status:
     hosts: int | None = None
     restarts: int = 0
     preemptions: int = 0
+    # The gang attempt (EVOKUBE_ATTEMPT, the Job's name): one more at each gang restart,
+    # counted or not; a gang Kueue evicts keeps its Job, so its preemption adds none.
+    attempt: int = 0
     start_time: str | None = None
     completion_time: str | None = None
     job_name: str | None = None
@@ -99,13 +106,11 @@ class Status:
         }
         values["restarts"] = int(values.get("restarts") or 0)
         values["preemptions"] = int(values.get("preemptions") or 0)
+        # Before status.attempt existed, every preemption started a new attempt.
+        if values.get("attempt") is None:
+            values["attempt"] = values["restarts"] + values["preemptions"]
         values["conditions"] = tuple(values.get("conditions") or ())
         return cls(**values)
-
-    @property
-    def attempt(self) -> int:
-        """The gang attempt number: restarts plus preemptions (EVOKUBE_ATTEMPT)."""
-        return self.restarts + self.preemptions
 
     def patch_from(self, old: Status) -> dict[str, Any]:
         """A JSON merge patch of status that turns `old` into this (None deletes a field)."""
@@ -114,6 +119,10 @@ class Status:
             new, before = getattr(self, attr), getattr(old, attr)
             if new != before:
                 patch[key] = [dict(c) for c in new] if attr == "conditions" else new
+        if "restarts" in patch or "preemptions" in patch:
+            # A status without attempt reads as restarts + preemptions (from_dict): keep it
+            # explicit once those move, since a Kueue eviction moves one and not the attempt.
+            patch["attempt"] = self.attempt
         return patch
 
 
@@ -140,6 +149,8 @@ class Observation:
     job_events: tuple[JobEvent, ...] | None = None
     # The uid of the current Job, which the API server confirmed gone (confirm_job_gone).
     job_gone: str | None = None
+    # What Kueue says of the current Job's Workload, read only when a Plan asked (needs_queue).
+    queue: QueueView | None = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +168,8 @@ class Plan:
     needs_job_events: tuple[str, str] | None = None
     # (name, uid) of the current Job, missing from the watch: is it really gone? Decide again.
     confirm_job_gone: tuple[str, str] | None = None
+    # (name, uid) of the current Job, suspended: read what Kueue says of it, decide again.
+    needs_queue: tuple[str, str] | None = None
     spec: ExperimentSpec | None = field(default=None, compare=False)
 
 
@@ -251,7 +264,14 @@ def decide(
         return _start(step, status, spec, events)
     if status.job_uid != job.uid:
         status = replace(status, job_uid=job.uid)
-    pods = gang_pods(job, obs.pods)
+    # Pods from before the Job's last admission belong to a gang Kueue evicted.
+    pods = [
+        p
+        for p in gang_pods(job, obs.pods)
+        if job.resumed_at is None or p.created_at is None or p.created_at >= job.resumed_at
+    ]
+    if job.suspended and job.failure is None and not job.complete:
+        return _queued(step, status, spec, job, events, left)
     failed = failure.classify(job, pods)
     if failed is not None and failed.kind == failure.DEADLINE and (left is None or left > 5):
         # The Job's deadline was set from an older, shorter spec.activeDeadlineSeconds.
@@ -305,7 +325,7 @@ def _start(step: _Step, status: Status, spec: ExperimentSpec, events=()) -> Plan
             f"waiting for the {hosts} hosts of Job {name} to run",
         )
     running = cond.Condition(api.COND_RUNNING, False, reason, message)
-    conditions = step.conditions(status, running)
+    conditions = step.conditions(status, running, *_queue_at_start(spec, name, status))
     conditions, events = _checkpoint_durability(step, conditions, spec, events)
     if not waiting and cond.is_true(conditions, api.COND_BLOCKED):
         unblocked = f"nothing keeps Job {name} from being created any more"
@@ -405,6 +425,7 @@ def _restart(
         phase=api.RESTARTING,
         restarts=status.restarts + (1 if verdict.counted else 0),
         preemptions=status.preemptions + (0 if verdict.counted else 1),
+        attempt=status.attempt + 1,
     )
     status = replace(
         status,
@@ -483,6 +504,7 @@ def _suspend(step: _Step, status: Status, spec: ExperimentSpec) -> Plan:
             status,
             phase=api.SUSPENDED,
             preemptions=status.preemptions + (1 if started else 0),
+            attempt=status.attempt + (1 if started else 0),
             job_name=None,
             job_uid=None,
             coordinator_address=None,
@@ -522,21 +544,21 @@ def _progress(
     """The Job exists and nothing has ended: Pending, Running or still Restarting."""
     hosts = spec.accelerator.hosts
     events = tuple(events)
-    if success.all_running(pods, hosts) and not job.suspended:
+    if cond.is_true(status.conditions, api.COND_QUEUED):
+        message = f"Kueue admitted Job {job.name}"
+        status = replace(
+            status,
+            phase=api.PENDING if status.phase == api.QUEUED else status.phase,
+            conditions=step.clear(status.conditions, api.COND_QUEUED, api.REASON_ADMITTED, message),
+        )
+        events = (*events, Event("Normal", api.REASON_ADMITTED, message))
+    if success.all_running(pods, hosts):
         phase = api.RUNNING
         running = cond.Condition(
             api.COND_RUNNING,
             True,
             api.REASON_ALL_HOSTS_RUNNING,
             f"all {hosts} hosts of Job {job.name} are running",
-        )
-    elif job.suspended:
-        phase = api.RESTARTING if status.phase == api.RESTARTING else api.PENDING
-        running = cond.Condition(
-            api.COND_RUNNING,
-            False,
-            api.REASON_JOB_SUSPENDED,
-            f"Job {job.name} is suspended, waiting for admission (for example by Kueue)",
         )
     else:
         phase = api.RESTARTING if status.phase == api.RESTARTING else api.PENDING
@@ -547,7 +569,7 @@ def _progress(
             f"waiting for the {hosts} hosts of Job {job.name} to run",
         )
     diagnosis, wants_events = startup.Diagnosis(), False
-    if phase != api.RUNNING and not job.suspended:
+    if phase != api.RUNNING:
         diagnosis, wants_events = _start_check(step, job, pods, hosts)
     problem = diagnosis.problem
     if problem is not None and problem.final:
@@ -579,6 +601,82 @@ def _progress(
         needs_job_events=(job.name, job.uid)
         if wants_events and step.obs.job_events is None
         else None,
+        spec=spec,
+    )
+
+
+def _queue_at_start(spec: ExperimentSpec, job: str, status: Status) -> tuple[cond.Condition, ...]:
+    """The Queued condition for a new Job: True (waiting) with a queue; with none, a Queued
+    condition left from an earlier attempt is turned False."""
+    if spec.queue_name:
+        message = f"Job {job} waits for admission by LocalQueue {spec.queue_name}"
+        return (cond.Condition(api.COND_QUEUED, True, api.REASON_JOB_SUSPENDED, message),)
+    if cond.find(status.conditions, api.COND_QUEUED) is None:
+        return ()
+    message = f"Job {job} has no queue (spec.queueName is unset)"
+    return (cond.Condition(api.COND_QUEUED, False, api.REASON_NO_QUEUE, message),)
+
+
+def _queued(
+    step: _Step,
+    status: Status,
+    spec: ExperimentSpec,
+    job: JobView,
+    events,
+    left: float | None,
+) -> Plan:
+    """The Job is suspended by someone else than the operator (Kueue): phase Queued, with
+    what Kueue says. A Job that had been admitted and is suspended again was evicted
+    (preempted, or its pods were not ready in time): a preemption, on the same Job and
+    attempt, which resumes from the newest checkpoint when Kueue admits it again. The
+    operator never unsuspends it."""
+    queue = step.obs.queue
+    if queue is None:
+        return Plan(status, needs_queue=(job.name, job.uid), spec=spec)
+    events = tuple(events)
+    before = cond.find(status.conditions, api.COND_QUEUED)
+    admitted_before = (
+        before is not None
+        and before.get("status") == "False"
+        and before.get("reason") == api.REASON_ADMITTED
+    ) or (before is None and status.phase == api.RUNNING)
+    if admitted_before:
+        why = f" ({queue.evicted})" if queue.evicted else ""
+        message = (
+            f"Job {job.name} was suspended after its admission{why}: the gang checkpoints and "
+            "resumes when the queue admits it again"
+        )
+        status = replace(status, preemptions=status.preemptions + 1)
+        events = (*events, Event("Normal", api.REASON_EVICTED, message))
+    if queue.found:
+        reason, message = queue.reason, queue.message or f"Job {job.name} waits for admission"
+    elif spec.queue_name:
+        reason = api.REASON_NO_WORKLOAD
+        message = (
+            f"Job {job.name} waits, and Kueue has no Workload for it: is Kueue installed, "
+            f"and does LocalQueue {spec.queue_name} exist in namespace {step.exp.namespace}?"
+        )
+    else:
+        reason = api.REASON_NO_WORKLOAD
+        message = f"Job {job.name} was suspended by someone else than the operator"
+    conditions = step.conditions(
+        status,
+        cond.Condition(api.COND_QUEUED, True, reason, message),
+        cond.Condition(
+            api.COND_RUNNING, False, api.REASON_JOB_SUSPENDED, f"Job {job.name} is suspended"
+        ),
+    )
+    if status.phase != api.QUEUED:
+        events = (*events, Event("Normal", api.REASON_QUEUED, message))
+    status = replace(
+        status, phase=api.QUEUED, observed_generation=step.exp.generation, conditions=conditions
+    )
+    requeue = QUEUE_REQUEUE_SECONDS if left is None else min(QUEUE_REQUEUE_SECONDS, left)
+    return Plan(
+        status,
+        events=events,
+        delete_jobs=step.live_jobs(keep=job.name),
+        requeue_after=requeue,
         spec=spec,
     )
 

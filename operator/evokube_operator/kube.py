@@ -35,6 +35,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     api.KIND: (f"/apis/{api.GROUP}/{api.VERSION}", api.PLURAL),
+    "Workload": (f"/apis/{api.KUEUE_GROUP}/{api.KUEUE_VERSION}", "workloads"),  # read only
 }
 
 
@@ -148,10 +149,11 @@ class Kube:
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
         return self.request("GET", kind, self._path(kind, namespace, name))
 
-    def list_events(self, namespace: str, field_selector: str) -> list[dict[str, Any]]:
-        """core/v1 Events in `namespace` that match a field selector (involvedObject.*, reason)."""
-        query = {"fieldSelector": field_selector, "limit": "100"}
-        found = self.request("GET", "Event", self._path("Event", namespace), query=query)
+    def list(self, kind: str, namespace: str, **selectors: str) -> list[dict[str, Any]]:
+        """Up to 100 objects of `kind` in `namespace`, filtered by fieldSelector and
+        labelSelector (keyword arguments of those names)."""
+        query = {**selectors, "limit": "100"}
+        found = self.request("GET", kind, self._path(kind, namespace), query=query)
         return found.get("items") or []
 
     def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -31,7 +31,15 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from evokube_operator import api
 
 log = logging.getLogger(__name__)
-ALL_PHASES = (api.PENDING, api.RUNNING, api.RESTARTING, api.SUSPENDED, api.SUCCEEDED, api.FAILED)
+ALL_PHASES = (
+    api.PENDING,
+    api.QUEUED,
+    api.RUNNING,
+    api.RESTARTING,
+    api.SUSPENDED,
+    api.SUCCEEDED,
+    api.FAILED,
+)
 
 
 class _PhaseCollector:

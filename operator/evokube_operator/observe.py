@@ -62,6 +62,7 @@ class PodView:
     # PodScheduled=False with reason Unschedulable: since when, and the scheduler's message.
     unschedulable_since: datetime | None = None
     unschedulable_message: str = ""
+    created_at: datetime | None = None
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> PodView:
@@ -97,6 +98,7 @@ class PodView:
             node=(body.get("spec") or {}).get("nodeName"),
             deleting=bool(meta.get("deletionTimestamp")),
             deletion_timestamp=parse_time(meta.get("deletionTimestamp")),
+            created_at=parse_time(meta.get("creationTimestamp")),
             waiting_reason=waiting.get("reason") or None,
             waiting_message=(waiting.get("message") or "").strip()[:500],
             started_at=parse_time(status.get("startTime")),
@@ -132,6 +134,9 @@ class JobView:
     deleting: bool = False
     owner_uid: str | None = None  # uid of the controlling ERLExperiment
     created_at: datetime | None = None
+    # When the Job was last unsuspended (Kueue's admission): pods created before belong to a
+    # gang that Kueue evicted, and their exits are not failures of this one.
+    resumed_at: datetime | None = None
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> JobView:
@@ -153,6 +158,42 @@ class JobView:
             deleting=bool(meta.get("deletionTimestamp")),
             owner_uid=owner.get("uid") if owner else None,
             created_at=parse_time(meta.get("creationTimestamp")),
+            resumed_at=parse_time(
+                (_condition(status, "Suspended", "False") or {}).get("lastTransitionTime")
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """What Kueue says about a Job's Workload: why it waits, and why it was last evicted."""
+
+    found: bool  # False: no Workload for the Job (Kueue absent, or not there yet)
+    reason: str = ""
+    message: str = ""
+    evicted: str = ""  # while Evicted=True: "<reason>: <message>"
+
+    @classmethod
+    def from_workloads(cls, bodies: list[Mapping[str, Any]]) -> QueueView:
+        if not bodies:
+            return cls(False)
+        status = bodies[0].get("status") or {}
+        evicted = _true_condition(status, "Evicted")
+        why = (
+            f"{evicted.get('reason') or 'Evicted'}: {evicted.get('message') or ''}"
+            if evicted
+            else ""
+        )
+        waiting = _condition(status, "QuotaReserved", "False") or _condition(
+            status, "Admitted", "False"
+        )
+        if waiting is None:
+            return cls(True, "Pending", "the Workload waits for Kueue", why.strip(": ")[:500])
+        return cls(
+            True,
+            waiting.get("reason") or "Pending",
+            (waiting.get("message") or "").strip()[:500],
+            why.strip(": ")[:500],
         )
 
 

@@ -24,9 +24,16 @@ from typing import Any
 
 from evokube_operator import api, builders
 from evokube_operator import conditions as cond
-from evokube_operator.decide import JOB_EVENTS_REQUEUE_SECONDS, Observation, Plan, Status, decide
+from evokube_operator.decide import (
+    JOB_EVENTS_REQUEUE_SECONDS,
+    QUEUE_REQUEUE_SECONDS,
+    Observation,
+    Plan,
+    Status,
+    decide,
+)
 from evokube_operator.kube import ApiError, Kube
-from evokube_operator.observe import JobEvent, JobView, PodView
+from evokube_operator.observe import JobEvent, JobView, PodView, QueueView
 from evokube_operator.ownership import (
     LABEL_OPT_INS,
     LISTING_ANNOTATIONS,
@@ -43,7 +50,7 @@ from evokube_operator.spec import Experiment, ExperimentSpec
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, name)
-ACTIVE_PHASES = frozenset({api.PENDING, api.RUNNING, api.RESTARTING})
+ACTIVE_PHASES = frozenset({api.PENDING, api.QUEUED, api.RUNNING, api.RESTARTING})
 MAX_CONFLICTS = 4
 
 
@@ -58,6 +65,8 @@ class _Memory:
     job_conflict: tuple[str, str, Blocker] | None = None
     # (Job uid, when read, its FailedCreate events): read at most once a requeue interval.
     job_events: tuple[str, datetime, tuple[JobEvent, ...]] | None = None
+    # (Job uid, when read, what Kueue said of its Workload): the same, while the Job is queued.
+    queue: tuple[str, datetime, QueueView] | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +147,11 @@ class Reconciler:
                     self.timeouts,
                     self.default_checkpoints,
                 )
+            if plan.needs_queue is not None:
+                queue = self._queue(exp.namespace, plan.needs_queue, memory)
+                plan = decide(
+                    replace(observation, queue=queue), self.timeouts, self.default_checkpoints
+                )
             patch = plan.status.patch_from(old)
             if not fresh and (plan.stale or (plan.create_job is not None and not patch)):
                 body, fresh = self._read(key), True
@@ -194,13 +208,35 @@ class Reconciler:
             f"reason={startup.FAILED_CREATE}"
         )
         try:
-            found = self.kube.list_events(namespace, selector)
+            found = self.kube.list("Event", namespace, fieldSelector=selector)
             events = tuple(JobEvent.from_body(e) for e in found)
         except ApiError as err:
             log.warning("%s: the events of Job %s not read: %s", namespace, name, err)
             events = ()
         memory.job_events = (uid, now, events)
         return events
+
+    def _queue(self, namespace: str, job: tuple[str, str], memory: _Memory) -> QueueView:
+        """What Kueue says of the suspended Job's Workload, read at most once per
+        QUEUE_REQUEUE_SECONDS. No Workload kind at all (404: Kueue not installed) reads as
+        no Workload; other failures are logged and say so in the message."""
+        name, uid = job
+        now = self.clock()
+        if memory.queue is not None:
+            read_uid, read_at, queue = memory.queue
+            if read_uid == uid and (now - read_at).total_seconds() < QUEUE_REQUEUE_SECONDS:
+                return queue
+        try:
+            found = self.kube.list(
+                "Workload", namespace, labelSelector=f"{api.KUEUE_JOB_UID_LABEL}={uid}"
+            )
+            queue = QueueView.from_workloads(found)
+        except ApiError as err:
+            if err.status != 404:
+                log.warning("%s: the Kueue Workload of Job %s not read: %s", namespace, name, err)
+            queue = QueueView(False)
+        memory.queue = (uid, now, queue)
+        return queue
 
     @staticmethod
     def _rejection(exp: Experiment, status: Status, memory: _Memory) -> str | None:

@@ -9,13 +9,14 @@ from evokube_operator import api
 from evokube_operator.conditions import find
 from evokube_operator.decide import (
     BLOCKED_REQUEUE_SECONDS,
+    QUEUE_REQUEUE_SECONDS,
     STUCK_POD_MARGIN,
     WAIT_FOR_PODS_REQUEUE_SECONDS,
     Observation,
     Status,
     decide,
 )
-from evokube_operator.observe import PodView
+from evokube_operator.observe import PodView, QueueView
 from evokube_operator.ownership import Blocker
 from evokube_operator.spec import Experiment, format_time
 from tests.operator.factories import NOW, TPU, body, gang, job, pod, running_status
@@ -370,9 +371,111 @@ def test_a_refused_job_fails_the_experiment_with_the_api_servers_words():
     assert "spec.template: bad" in failed["message"]
 
 
-def test_kueue_holding_the_job_is_said_in_the_running_condition():
-    plan = decide(observe(running_status(phase=api.PENDING), [job(0, suspended=True)]))
+# -- Kueue: a queued Job, its admission, its eviction --------------------------------------------
+WAITING = QueueView(True, "Pending", "couldn't assign flavors to pod set main: insufficient quota")
+
+
+def queued_status(**kw):
+    """Attempt 0's Job was created with spec.queueName: Queued True, not admitted yet."""
+    plan = decide(observe(None, queueName="tpu-q"))
+    assert find(plan.status.conditions, api.COND_QUEUED)["status"] == "True"
+    return {**json_status(plan), **kw}
+
+
+def json_status(plan):
+    return {k: v for k, v in plan.status.patch_from(Status()).items() if v is not None}
+
+
+def test_a_suspended_job_asks_what_kueue_says_then_shows_it_as_queued():
+    status = queued_status()
+    asked = decide(observe(status, [job(0, suspended=True)], queueName="tpu-q"))
+    assert asked.needs_queue == ("demo-0", "job-uid-0") and asked.create_job is None
+    obs = replace(observe(status, [job(0, suspended=True)], queueName="tpu-q"), queue=WAITING)
+    plan = decide(obs)
+    assert plan.status.phase == api.QUEUED
+    queued = find(plan.status.conditions, api.COND_QUEUED)
+    assert (queued["status"], queued["reason"]) == ("True", "Pending")
+    assert "insufficient quota" in queued["message"]
     assert find(plan.status.conditions, api.COND_RUNNING)["reason"] == api.REASON_JOB_SUSPENDED
+    assert reasons(plan) == [api.REASON_QUEUED]
+    assert plan.requeue_after == QUEUE_REQUEUE_SECONDS  # Workloads are not watched
+    assert (plan.status.preemptions, plan.status.restarts, plan.delete_jobs) == (0, 0, ())
+
+
+def test_no_workload_names_the_local_queue_to_check():
+    obs = observe(queued_status(), [job(0, suspended=True)], queueName="tpu-q")
+    plan = decide(replace(obs, queue=QueueView(False)))
+    queued = find(plan.status.conditions, api.COND_QUEUED)
+    assert queued["reason"] == api.REASON_NO_WORKLOAD
+    assert "LocalQueue tpu-q" in queued["message"] and "Kueue" in queued["message"]
+
+
+def test_admission_clears_queued_and_the_gang_runs():
+    status = {**queued_status(), "phase": api.QUEUED}
+    plan = decide(observe(status, [job(0)], gang(1), queueName="tpu-q"))
+    assert plan.status.phase == api.RUNNING
+    queued = find(plan.status.conditions, api.COND_QUEUED)
+    assert (queued["status"], queued["reason"]) == ("False", api.REASON_ADMITTED)
+    assert api.REASON_ADMITTED in reasons(plan)
+
+
+def admitted_and_running():
+    status = {**queued_status(), "phase": api.QUEUED}
+    plan = decide(observe(status, [job(0)], gang(2), queueName="tpu-q", accelerator=TWO_CPU))
+    assert plan.status.phase == api.RUNNING
+    return json_status(plan)
+
+
+TWO_CPU = {"type": "cpu", "hosts": 2}
+
+
+def test_an_eviction_is_a_preemption_on_the_same_job_and_attempt():
+    """Kueue suspends the admitted Job: its pods get SIGTERM, checkpoint and exit 75; none of
+    that is a failure, and the operator neither restarts the gang nor unsuspends the Job."""
+    status = admitted_and_running()
+    stopping = (
+        pod(0, "Failed", exit_code=75, deletion_timestamp=NOW),
+        pod(1, deletion_timestamp=NOW),
+    )
+    evicted = QueueView(True, "Pending", "waiting for quota", "Preempted: to admit demo-high")
+    obs = observe(
+        status, [job(0, suspended=True)], stopping, queueName="tpu-q", accelerator=TWO_CPU
+    )
+    plan = decide(replace(obs, queue=evicted))
+    assert plan.status.phase == api.QUEUED
+    assert (plan.status.preemptions, plan.status.restarts, plan.status.attempt) == (1, 0, 0)
+    assert plan.status.job_name == "demo-0"
+    assert plan.create_job is None and plan.delete_jobs == ()
+    assert reasons(plan) == [api.REASON_EVICTED, api.REASON_QUEUED]
+    assert "Preempted: to admit demo-high" in plan.events[0].message
+
+    # Decided again while still queued: counted once.
+    again = decide(replace(settle(obs, plan), queue=evicted))
+    assert (again.status.preemptions, again.status.phase, reasons(again)) == (1, api.QUEUED, [])
+
+    # Re-admitted: the evicted gang's pods (created before the resume) are not failures.
+    resumed = replace(job(0), resumed_at=NOW)
+    old = tuple(replace(p, created_at=NOW - timedelta(minutes=5)) for p in stopping)
+    new = tuple(replace(p, created_at=NOW + timedelta(seconds=1)) for p in gang(2))
+    back = decide(replace(settle(obs, plan), jobs=(resumed,), pods=old + new))
+    assert back.status.phase == api.RUNNING
+    assert (back.status.preemptions, back.status.restarts, back.create_job) == (1, 0, None)
+
+
+def test_a_job_suspended_while_running_without_a_queue_is_an_eviction_too():
+    obs = observe(running_status(), [job(0, suspended=True)])
+    plan = decide(replace(obs, queue=QueueView(False)))
+    assert (plan.status.phase, plan.status.preemptions) == (api.QUEUED, 1)
+    assert "someone else than the operator" in plan.events[-1].message
+
+
+def test_a_restart_moves_the_attempt_even_when_kueue_preemptions_did_not():
+    status = {**running_status(restarts=0, preemptions=2, jobName="demo-0"), "attempt": 0}
+    assert Status.from_dict(status).attempt == 0  # written: kept
+    assert Status.from_dict({"restarts": 1, "preemptions": 2}).attempt == 3  # older statuses
+    failed = pod(0, "Failed", exit_code=75)
+    plan = decide(observe(status, [job(0)], [failed]))
+    assert (plan.status.attempt, plan.status.restarts, plan.create_job) == (1, 1, 1)
 
 
 def test_trainer_progress_is_never_part_of_the_operators_patch():

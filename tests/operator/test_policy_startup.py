@@ -307,15 +307,16 @@ def test_a_suspended_job_is_waiting_for_admission_not_blocked():
 
 # -- through the reconciler -------------------------------------------------------------------
 class EventsKube(FakeKube):
-    """FakeKube (test_reconcile.py) that also answers list_events, and counts the lists."""
+    """FakeKube (test_reconcile.py) that also lists Events, and counts the lists."""
 
     def __init__(self, experiment, events=()):
         super().__init__(experiment)
         self.events = list(events)
         self.selectors: list[str] = []
 
-    def list_events(self, namespace, field_selector):
-        self.selectors.append(field_selector)
+    def list(self, kind, namespace, fieldSelector):
+        assert kind == "Event"
+        self.selectors.append(fieldSelector)
         return self.events
 
 

@@ -1,6 +1,7 @@
 """The reconciler's order of API calls and its answers to conflicts, on a fake API."""
 
 import copy
+from datetime import timedelta
 
 import pytest
 
@@ -362,3 +363,59 @@ def test_a_checkpoint_claim_must_opt_in(labels, said):
     rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
     assert ("Job", "demo-0") in kube.objects
     assert blocked_condition(kube)["status"] == "False"
+
+
+class WorkloadKube(FakeKube):
+    """FakeKube that lists Kueue Workloads (or answers 404: no such kind, Kueue absent)."""
+
+    def __init__(self, experiment, workloads=None):
+        super().__init__(experiment)
+        self.workloads = workloads
+        self.selectors: list[str] = []
+
+    def list(self, kind, namespace, labelSelector):
+        assert kind == "Workload"
+        self.selectors.append(labelSelector)
+        if self.workloads is None:
+            raise ApiError(404, "the server could not find the requested resource", "NotFound")
+        return self.workloads
+
+
+PENDING_WORKLOAD = {
+    "status": {
+        "conditions": [
+            {
+                "type": "QuotaReserved",
+                "status": "False",
+                "reason": "Pending",
+                "message": "couldn't assign flavors to pod set main: insufficient unused quota",
+            }
+        ]
+    }
+}
+
+
+@pytest.mark.parametrize(
+    ("workloads", "reason", "said"),
+    [
+        ([PENDING_WORKLOAD], "Pending", "insufficient unused quota"),
+        (None, api.REASON_NO_WORKLOAD, "is Kueue installed"),
+    ],
+)
+def test_a_queued_job_shows_what_kueue_says_read_at_most_once_per_interval(workloads, reason, said):
+    experiment = body(status=running_status(phase=api.PENDING), queueName="tpu-q")
+    kube = WorkloadKube(experiment, workloads)
+    clock = [NOW]
+    reconciler = Reconciler(kube, clock=lambda: clock[0])
+    held = (job(0, suspended=True),)
+    outcome = reconciler.reconcile(KEY, experiment, held, ())
+    assert kube.selectors == ["kueue.x-k8s.io/job-uid=job-uid-0"]
+    assert outcome.phase == api.QUEUED and outcome.requeue_after == 15.0
+    queued = find(kube.experiment["status"]["conditions"], api.COND_QUEUED)
+    assert queued["reason"] == reason and said in queued["message"]
+    reconciler.reconcile(KEY, kube.experiment, held, ())
+    assert len(kube.selectors) == 1
+    clock[0] = NOW + timedelta(seconds=15)
+    reconciler.reconcile(KEY, kube.experiment, held, ())
+    assert len(kube.selectors) == 2
+    assert ("create", "Job") not in kube.calls  # never a second Job, never an unsuspend

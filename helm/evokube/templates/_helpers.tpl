@@ -107,6 +107,10 @@ tables them and tests/helm proves `kubectl auth can-i` grants nothing more.
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [list, create, patch]
+# Read-only: what Kueue says of a queued Job's Workload (the Queued condition's reason).
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [list]
 {{- end -}}
 
 {{/* Rules that only exist cluster-wide. */}}
