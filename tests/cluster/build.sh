@@ -108,6 +108,30 @@ build_fake_gcs_server() {
     "github.com/fsouza/fake-gcs-server@$FAKE_GCS_SERVER_VERSION" ""
 }
 
+# Kueue's manager has no replace directives, so it installs like kwok. Its CRDs and
+# webhook manifests ship in the module zip; keep copies beside the binary so the
+# tests (tests/cluster/kueue.py) need nothing but this folder.
+build_kueue() {
+  local out="$cache/bin/kueue-$KUEUE_VERSION"
+  done_in "$out" && { echo "$out"; return; }
+  local dir
+  dir=$(go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  [[ -d $dir/config/components/crd/bases ]] || { log "no CRDs in $dir"; return 1; }
+  log "building kueue $KUEUE_VERSION into $out (cold: several minutes on 2 cores)"
+  mkdir -p "$out"
+  GOBIN="$out" go install -ldflags "-s -w \
+    -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION \
+    -X sigs.k8s.io/kueue/pkg/version.BuildDate=1970-01-01T00:00:00Z" \
+    "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+  # The CRDs (bases/ and the conversion-webhook patches) and the webhook manifests
+  # with their kustomization, as the module lays them out. Module files are
+  # read-only; make the copies ours so that a rebuild can replace them.
+  rm -rf "$out/config"; mkdir "$out/config"
+  cp -R "$dir/config/components/crd" "$dir/config/components/webhook" "$out/config/"
+  chmod -R u+w "$out/config"
+  touch "$out/.complete"; echo "$out"
+}
+
 components=("$@")
-[[ ${#components[@]} -gt 0 ]] || components=(etcd kwok helm kubernetes fake_gcs_server)
+[[ ${#components[@]} -gt 0 ]] || components=(etcd kwok helm kubernetes fake_gcs_server kueue)
 for c in "${components[@]}"; do "build_$c"; done
