@@ -6,14 +6,20 @@ job A asks for 3, so job B's 2 do not fit until A is gone.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from kubernetes.client import CustomObjectsApi
 
-from tests.cluster.controlplane import wait_until
-from tests.cluster.kueue import MUTATING, VALIDATING, KueueSettings, WaitForPodsReady
+from tests.cluster.controlplane import read_versions, wait_until
+from tests.cluster.kueue import (
+    MUTATING,
+    VALIDATING,
+    KueueSettings,
+    WaitForPodsReady,
+    kueue_folder,
+)
 from tests.kueue.helpers import NODE_POOLS, QUEUE_LABEL, condition, is_true, workload_of
-
-pytestmark = pytest.mark.cluster
 
 CPU_POOL_LABELS = NODE_POOLS["cpu"]["labels"]
 
@@ -46,6 +52,16 @@ def job_manifest(
             },
         },
     }
+
+
+def test_the_cached_build_has_the_manager_and_its_manifests():
+    folder = kueue_folder()  # a warm build: nothing to do
+    assert folder.name == f"kueue-{read_versions()['KUEUE_VERSION']}"
+    assert (folder / ".complete").exists()
+    assert os.access(folder / "kueue", os.X_OK)
+    bases = {p.name for p in (folder / "config" / "crd" / "bases").glob("*.yaml")}
+    assert "kueue.x-k8s.io_workloads.yaml" in bases
+    assert (folder / "config" / "webhook" / "manifests.yaml").exists()
 
 
 @pytest.fixture
@@ -85,6 +101,7 @@ def running_pods(core, namespace: str, job_name: str) -> list:
     return [p for p in pods if p.status.phase == "Running"]
 
 
+@pytest.mark.cluster
 def test_job_admitted_then_second_waits_for_quota(
     kueue, kueue_objects, api, batch, core, namespace
 ):
@@ -124,6 +141,7 @@ def test_job_admitted_then_second_waits_for_quota(
     wait_until(lambda: running_pods(core, namespace, "job-b"), 60, "job-b's pod Running")
 
 
+@pytest.mark.cluster
 def test_conversion_webhook_answers_for_v1beta1(kueue, kueue_objects, api):
     """v1beta2's cohortName is v1beta1's cohort: only Kueue's conversion webhook,
     reached over its URL, renames it."""
@@ -136,6 +154,7 @@ def test_conversion_webhook_answers_for_v1beta1(kueue, kueue_objects, api):
     assert "cohortName" not in old["spec"]
 
 
+@pytest.mark.cluster
 def test_job_without_queue_label_is_left_alone(kueue, api, batch, core, namespace):
     """manageJobsWithoutQueueName is false: Kueue's webhooks see the Job but keep out."""
     job = create_job(batch, namespace, job_manifest("plain", None, cpu="1"))
@@ -144,6 +163,7 @@ def test_job_without_queue_label_is_left_alone(kueue, api, batch, core, namespac
     assert workload_of(api, namespace, job.metadata.uid) is None
 
 
+@pytest.mark.cluster
 def test_stopped_kueue_leaves_no_webhooks(kueue_runner, kueue, cluster, batch, namespace):
     """After stop, Job creation no longer goes through Kueue (a later test restarts it)."""
     kueue_runner.stop()
@@ -158,6 +178,7 @@ def test_stopped_kueue_leaves_no_webhooks(kueue_runner, kueue, cluster, batch, n
     assert create_job(batch, namespace, job).spec.suspend is False
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize(
     "kueue_settings",
     [KueueSettings(wait_for_pods_ready=WaitForPodsReady(timeout="5s", block_admission=True))],
