@@ -63,14 +63,16 @@ def pool_flavor(pool: str) -> dict:
     return body
 
 
-def ensure_flavors(api, pools: tuple[str, ...] = ("tpu", "gpu", "cpu")) -> list[str]:
-    """Create the pools' flavors where missing; returns their names (= the pool names).
+def ensure_flavors(api, pools: tuple[str, ...] | None = None) -> list[str]:
+    """Create the pools' flavors (default: every pool of nodes.yaml) where missing;
+    returns their names (= the pool names).
 
     Flavors are shared by every test of a session and left in place: a flavor in
     use by a ClusterQueue cannot be deleted anyway.
     """
     from kubernetes.client.exceptions import ApiException
 
+    pools = tuple(NODE_POOLS) if pools is None else pools
     for pool in pools:
         try:
             _create(api, "resourceflavors", pool_flavor(pool))
@@ -213,7 +215,7 @@ class KueueObjects:
         self.namespace = namespace
         self._made: list[tuple[str, str]] = []
 
-    def flavors(self, pools: tuple[str, ...] = ("tpu", "gpu", "cpu")) -> list[str]:
+    def flavors(self, pools: tuple[str, ...] | None = None) -> list[str]:
         return ensure_flavors(self.api, pools)
 
     def cluster_queue(self, quotas: dict[str, dict[str, str | int]], **kw) -> str:

@@ -142,6 +142,31 @@ def test_job_admitted_then_second_waits_for_quota(
 
 
 @pytest.mark.cluster
+def test_tpu_job_lands_on_the_tpu_slice_with_the_flavors_toleration(
+    kueue, kueue_objects, api, batch, core, namespace
+):
+    """4 hosts x 4 chips: the flavor brings the slice's node selector and tolerates
+    its taint, so a Job that says neither runs on the slice."""
+    queue = kueue_objects.queue({"tpu": {"google.com/tpu": 16, "cpu": 16, "memory": "64Gi"}})
+    manifest = job_manifest("slice", queue, cpu="1")
+    manifest["spec"]["parallelism"] = manifest["spec"]["completions"] = 4
+    main = manifest["spec"]["template"]["spec"]["containers"][0]
+    main["resources"]["requests"]["google.com/tpu"] = "4"
+    main["resources"]["limits"] = {"google.com/tpu": "4"}
+    job = create_job(batch, namespace, manifest)
+    wl = wait_workload(api, namespace, job, "admitted", lambda w: is_true(w, "Admitted"))
+    assert wl["status"]["admission"]["podSetAssignments"][0]["flavors"]["google.com/tpu"] == "tpu"
+    pods = wait_until(
+        lambda: (lambda ps: ps if len(ps) == 4 else None)(running_pods(core, namespace, "slice")),
+        60,
+        "4 pods of the slice Job Running",
+    )
+    tpu_nodes = {f"tpu-{i}" for i in range(NODE_POOLS["tpu"]["count"])}
+    assert {p.spec.node_name for p in pods} == tpu_nodes
+    assert any(t.key == "google.com/tpu" for t in pods[0].spec.tolerations)
+
+
+@pytest.mark.cluster
 def test_conversion_webhook_answers_for_v1beta1(kueue, kueue_objects, api):
     """v1beta2's cohortName is v1beta1's cohort: only Kueue's conversion webhook,
     reached over its URL, renames it."""
