@@ -26,9 +26,10 @@ def test_a_warm_build_reuses_the_cache_and_reports_real_versions():
         ["bash", str(HERE / "build.sh")], capture_output=True, text=True, check=True
     )
     assert "building" not in run.stderr, run.stderr  # nothing rebuilt
-    *control_plane, fake_gcs = (Path(p) for p in run.stdout.split())
-    assert fake_gcs.name.endswith(read_versions()["FAKE_GCS_SERVER_VERSION"])
-    assert (fake_gcs / ".complete").exists()
+    *control_plane, fake_gcs, kueue = (Path(p) for p in run.stdout.split())
+    for folder, version in ((fake_gcs, "FAKE_GCS_SERVER_VERSION"), (kueue, "KUEUE_VERSION")):
+        assert folder.name.endswith(read_versions()[version])
+        assert (folder / ".complete").exists()
     bins = Binaries(*control_plane)
     versions = read_versions()
     for folder, version in zip(

@@ -19,6 +19,7 @@ import pytest
 
 from tests.cluster.kueue import Kueue, KueueRunner, KueueSettings
 from tests.kueue.helpers import KueueObjects
+from tests.operator.conftest import k8s, operator, operator_kubeconfig  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="session")
