@@ -1151,3 +1151,73 @@ GOOD_MANIFESTS += [
         {"spec.queueName": "team-a", "spec.workloadPriorityClassName": "high-priority"},
     ),
 ]
+
+# Exclusive placement: the topology key is a node label key; naming one asks for exclusivity.
+# On tpu the slice's host variables are the operator's.
+TPU_GANG = {"spec.accelerator": TPU, "spec.population.size": 16}  # 16 chips, 4 hosts
+BAD_MANIFESTS += [
+    *_bad(
+        "spec.placement.topologyKey",
+        {
+            "topology key with a space": {"spec.placement": {"topologyKey": "gke nodepool"}},
+            "topology key with two slashes": {"spec.placement": {"topologyKey": "a/b/c"}},
+            "topology key empty": {"spec.placement": {"topologyKey": ""}},
+            "topology key name of 64 characters": {"spec.placement": {"topologyKey": "k" * 64}},
+            "topology key prefix of 254 characters": {
+                "spec.placement": {"topologyKey": "p" * 254 + "/pool"}
+            },
+            "topology key of a gang that is not exclusive": {
+                "spec.placement": {"exclusive": False, "topologyKey": "example.com/rack"}
+            },
+        },
+    ),
+    BadManifest(
+        "exclusive not a boolean",
+        {"spec.placement": {"exclusive": "yes"}},
+        "spec.placement.exclusive",
+    ),
+    BadManifest(
+        "misspelled placement key", {"spec.placement": {"topology": "a"}}, "spec.placement.topology"
+    ),
+    *_bad(
+        "spec.env",
+        {
+            "TPU_WORKER_ID in env on tpu": {
+                **TPU_GANG,
+                "spec.env": [{"name": "TPU_WORKER_ID", "value": "0"}],
+            },
+            "TPU_WORKER_HOSTNAMES in env on tpu": {
+                **TPU_GANG,
+                "spec.env": [{"name": "TPU_WORKER_HOSTNAMES", "value": "a,b,c,d"}],
+            },
+        },
+    ),
+]
+GOOD_MANIFESTS += [
+    GoodManifest("a tpu slice, exclusive by default", TPU_GANG),
+    GoodManifest("a tpu slice opting out", {**TPU_GANG, "spec.placement": {"exclusive": False}}),
+    GoodManifest(
+        "a tpu slice on another topology key",
+        {**TPU_GANG, "spec.placement": {"topologyKey": "cloud.google.com/gke-tpu-slice"}},
+    ),
+    GoodManifest(
+        "an exclusive gpu gang by its topology key",
+        {
+            "spec.accelerator": {"type": "gpu", "hosts": 2, "gpu": {"count": 2}},
+            "spec.placement": {"topologyKey": "example.com/nvlink-domain"},
+        },
+    ),
+    GoodManifest("an exclusive cpu gang", {"spec.placement": {"exclusive": True}}),
+    GoodManifest(
+        "topology key prefix of 253 characters",
+        {"spec.placement": {"topologyKey": "p" * 253 + "/pool"}},
+    ),
+    GoodManifest("a bare topology key", {"spec.placement": {"topologyKey": "rack"}}),
+    GoodManifest(
+        "TPU_WORKER_ID in env on gpu",
+        {
+            "spec.accelerator": {"type": "gpu", "gpu": {"count": 1}},
+            "spec.env": [{"name": "TPU_WORKER_ID", "value": "0"}],
+        },
+    ),
+]

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from evokube_operator import api
+from evokube_operator import api, placement
 from evokube_operator.spec import Accelerator, Experiment, ExperimentSpec
 
 # Indices of the Job's pod failure policy rules; the failure policy reads them
@@ -325,6 +325,10 @@ def trainer_env(exp: Experiment, spec: ExperimentSpec, attempt: int) -> list[dic
                 "value": f"--xla_force_host_platform_device_count={acc.devices_per_host}",
             }
         )
+    if acc.type == "tpu" and acc.hosts > 1:  # libtpu's view of the slice (placement.py)
+        index = f"metadata.annotations['{api.COMPLETION_INDEX_ANNOTATION}']"
+        job = job_name(exp.name, attempt)
+        env += placement.tpu_worker_env(job, service_name(exp.name), acc.hosts, index)
     return env
 
 
@@ -364,7 +368,17 @@ def job_labels(exp: Experiment, spec: ExperimentSpec, attempt: int) -> dict[str,
 
 
 def pod_labels(exp: Experiment, spec: ExperimentSpec, attempt: int) -> dict[str, str]:
-    return {**spec.pod_labels, **common_labels(exp.name), api.LABEL_ATTEMPT: str(attempt)}
+    return {
+        **spec.pod_labels,
+        **common_labels(exp.name),
+        api.LABEL_ATTEMPT: str(attempt),
+        placement.GANG_LABEL: gang_key(exp, attempt),
+    }
+
+
+def gang_key(exp: Experiment, attempt: int) -> str:
+    """The attempt's gang, as exclusive placement names it (placement.GANG_LABEL)."""
+    return placement.gang_key(exp.namespace, job_name(exp.name, attempt))
 
 
 def pod_failure_policy() -> dict[str, Any]:
@@ -460,8 +474,12 @@ def job(
     tolerations = _tolerations(spec)
     if tolerations:
         pod_spec["tolerations"] = tolerations
-    if spec.affinity:
-        pod_spec["affinity"] = plain(spec.affinity)
+    # The user's affinity, plus one slice to itself for an exclusive gang (placement.py).
+    affinity = placement.pod_affinity(
+        spec.affinity, gang_key(exp, attempt), spec.exclusive_topology_key
+    )
+    if affinity:
+        pod_spec["affinity"] = affinity
     if spec.priority_class_name:
         pod_spec["priorityClassName"] = spec.priority_class_name
     template_meta: dict[str, Any] = {"labels": pod_labels(exp, spec, attempt)}

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from evokube_operator import api
+from evokube_operator import api, placement
 
 
 class SpecError(ValueError):
@@ -54,6 +54,9 @@ class ExperimentSpec:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     affinity: Mapping[str, Any] | None = None
+    # spec.placement resolved (placement.exclusive_topology_key): the node label naming the
+    # slice the gang has to itself; None: the gang is not exclusive.
+    exclusive_topology_key: str | None = None
     priority_class_name: str | None = None
     queue_name: str | None = None  # Kueue LocalQueue: the Job is created suspended
     workload_priority_class_name: str | None = None
@@ -264,15 +267,17 @@ def parse_spec(
     affinity = raw.get("affinity")
     if affinity is not None and not isinstance(affinity, Mapping):
         raise SpecError("spec.affinity: expected an object")
+    accelerator = parse_accelerator(_mapping(raw.get("accelerator"), "accelerator"))
     return ExperimentSpec(
         image=image,
-        accelerator=parse_accelerator(_mapping(raw.get("accelerator"), "accelerator")),
+        accelerator=accelerator,
         image_pull_policy=raw.get("imagePullPolicy") or "IfNotPresent",
         suspend=bool(raw.get("suspend", False)),
         resources=_mapping(raw.get("resources"), "resources"),
         node_selector=_mapping(raw.get("nodeSelector"), "nodeSelector"),
         tolerations=tuple(tolerations),
         affinity=affinity or None,
+        exclusive_topology_key=_exclusive_topology_key(raw.get("placement"), accelerator),
         priority_class_name=raw.get("priorityClassName") or None,
         queue_name=raw.get("queueName") or None,
         workload_priority_class_name=raw.get("workloadPriorityClassName") or None,
@@ -305,6 +310,17 @@ def parse_spec(
         volumes=_objects(raw.get("volumes"), "volumes"),
         volume_mounts=_objects(raw.get("volumeMounts"), "volumeMounts"),
     )
+
+
+def _exclusive_topology_key(raw: Any, accelerator: Accelerator) -> str | None:
+    placement_spec = _mapping(raw, "placement")
+    exclusive = placement_spec.get("exclusive")
+    if exclusive is not None and not isinstance(exclusive, bool):
+        raise SpecError("spec.placement.exclusive: expected true or false")
+    key = placement_spec.get("topologyKey")
+    if key is not None and (not isinstance(key, str) or not key):
+        raise SpecError("spec.placement.topologyKey: expected a node label key")
+    return placement.exclusive_topology_key(placement_spec, accelerator.type, accelerator.hosts)
 
 
 def experiment_checkpoint_location(default: str | None, namespace: str, name: str) -> str | None:

@@ -217,8 +217,9 @@ def test_passthrough_fields_reach_the_pods_and_ours_win_conflicts():
         api.TPU_TOPOLOGY_SELECTOR: "4x4",  # the accelerator's selector wins
     }
     assert [t["key"] for t in pod["tolerations"]] == [api.TPU_RESOURCE, "team"]  # no duplicate
-    assert pod["affinity"] == {
-        "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}
+    # The user's affinity is kept; a TPU slice gang adds its own terms (test_placement.py).
+    assert pod["affinity"]["nodeAffinity"] == {
+        "preferredDuringSchedulingIgnoredDuringExecution": []
     }
     assert pod["priorityClassName"] == "research-high"
     labels = job["spec"]["template"]["metadata"]["labels"]
