@@ -88,7 +88,7 @@ def test_tpu_pod_is_scheduled_onto_the_tpu_pool_and_runs(api, namespace):
     )
     pod = client.CoreV1Api(api).read_namespaced_pod("tpu-worker", namespace)
     node = client.CoreV1Api(api).read_node(pod.spec.node_name)
-    assert node.metadata.labels["evokube.io/test-pool"] == "tpu"
+    assert node.metadata.labels["evokube.io/test-pool"] in ("tpu", "tpu-b")  # two 4x4 slices
     assert node.status.allocatable["google.com/tpu"] == "4"
 
 

@@ -93,7 +93,8 @@ def test_apply_creates_owned_objects_and_the_tpu_gang_runs_on_the_tpu_pool(k8s, 
     pods = k8s.running_pods(namespace, "tpu", "tpu-0")
     nodes = {p.spec.node_name for p in pods}
     assert len(nodes) == 4  # one host per TPU VM, placed by kube-scheduler
-    assert {node_pool(k8s, n) for n in nodes} == {"tpu"}
+    # Every host on one of the two 4x4 slices, not half of each (test_placement.py).
+    assert {node_pool(k8s, n) for n in nodes} in ({"tpu"}, {"tpu-b"})
     indices = set()
     for pod in pods:
         indices.add(pod.metadata.annotations["batch.kubernetes.io/job-completion-index"])
