@@ -119,9 +119,9 @@ class Status:
             new, before = getattr(self, attr), getattr(old, attr)
             if new != before:
                 patch[key] = [dict(c) for c in new] if attr == "conditions" else new
-        if "restarts" in patch or "preemptions" in patch:
-            # A status without attempt reads as restarts + preemptions (from_dict): keep it
-            # explicit once those move, since a Kueue eviction moves one and not the attempt.
+        if patch.keys() & {"restarts", "preemptions", "jobName"}:
+            # A status without attempt reads as restarts + preemptions (from_dict): written
+            # with every new Job and count, since a Kueue eviction moves one and not the attempt.
             patch["attempt"] = self.attempt
         return patch
 
