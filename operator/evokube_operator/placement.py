@@ -17,23 +17,24 @@ pod of an exclusive gang, keyed on the node label that names a slice (the topolo
 - pod anti-affinity, across namespaces, to pods of any other gang: a slice that runs a
   pod of another gang is no candidate.
 
-This is how JobSet implements its `alpha.jobset.sigs.k8s.io/exclusive-topology`
-annotation (kubernetes-sigs/jobset, pkg/webhooks/pod_mutating_webhook.go). The gang is
-named by the pod label GANG_LABEL, the SHA-1 of `<namespace>/<job>`, as JobSet's
-`jobset.sigs.k8s.io/job-key`: a Job's name is unique only within its namespace, its uid
-is not known before the pods exist, and a label value holds at most 63 characters.
-Every trainer pod carries the label, so an exclusive gang also keeps non-exclusive
-evokube gangs out of its slice (the scheduler checks the anti-affinity of pods already
-bound against a pod it places, too); pods of other software are not affected.
+These are the terms of JobSet's `alpha.jobset.sigs.k8s.io/exclusive-topology` annotation
+(kubernetes-sigs/jobset, pkg/webhooks/pod_mutating_webhook.go, which gives them to the pod
+of index 0 and pins the others to its slice by a node selector, a webhook's job; here every
+pod gets them). The gang is named by the pod label GANG_LABEL, the SHA-1 of
+`<namespace>/<job>`, as JobSet's `jobset.sigs.k8s.io/job-key`: a Job's name is unique only
+within its namespace, its uid is not known before the pods exist, and a label value holds
+at most 63 characters. Every trainer pod carries the label, so an exclusive gang also keeps
+non-exclusive evokube gangs out of its slice (the scheduler checks the anti-affinity of pods
+already bound against a pod it places, too); pods of other software are not affected.
 
 The TPU host environment
 ------------------------
 libtpu forms the slice's mesh from TPU_WORKER_ID (this host's rank) and
 TPU_WORKER_HOSTNAMES (every host's address, in rank order); JAX's GKE cluster detection
 reads the same two. GKE injects them with a mutating webhook only for an Indexed Job
-with a subdomain, parallelism above 1 and google.com/tpu requests, and other
-controllers (LeaderWorkerSet, KubeRay's TPU webhook) set them themselves. The operator
-sets them for every TPU gang of more than one host, from what it alone knows for sure:
+with a subdomain, parallelism above 1 and google.com/tpu requests, and other controllers
+(LeaderWorkerSet, ai-on-gke's KubeRay TPU webhook) set them themselves. The operator sets
+them for every TPU gang of more than one host, from what it alone knows for sure:
 the completion index and the stable host names `<job>-<index>.<service>` of the
 headless Service, the same names JAX_COORDINATOR_ADDRESS uses.
 """

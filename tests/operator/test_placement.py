@@ -297,6 +297,13 @@ def test_two_gangs_get_a_slice_each_and_a_third_waits_whole(impatient, namespace
         pods = k8s.running_pods(namespace, name, status["jobName"])
         assert len({p.spec.node_name for p in pods}) == 4
         (placed[name],) = set(bound_slices(k8s, pods))  # every host on one slice
+        job = status["jobName"]
+        for pod in pods:
+            env = {e.name: e for e in pod.spec.containers[0].env}
+            assert env["TPU_WORKER_HOSTNAMES"].value == ",".join(
+                f"{job}-{i}.{name}" for i in range(4)
+            )
+            assert env["TPU_WORKER_ID"].value_from.field_ref.field_path == INDEX_FIELD
     assert placed["a"] != placed["b"]
     assert set(placed.values()) == set(slices)
 
