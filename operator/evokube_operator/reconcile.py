@@ -198,45 +198,51 @@ class Reconciler:
         """The Job's FailedCreate events, listed at most once per JOB_EVENTS_REQUEUE_SECONDS
         (a failed read counts: it is a diagnosis, worth a log line, never a retry)."""
         name, uid = job
-        now = self.clock()
-        if memory.job_events is not None:
-            read_uid, read_at, events = memory.job_events
-            if read_uid == uid and (now - read_at).total_seconds() < JOB_EVENTS_REQUEUE_SECONDS:
-                return events
-        selector = (
-            f"involvedObject.kind=Job,involvedObject.name={name},involvedObject.uid={uid},"
-            f"reason={startup.FAILED_CREATE}"
-        )
-        try:
-            found = self.kube.list("Event", namespace, fieldSelector=selector)
-            events = tuple(JobEvent.from_body(e) for e in found)
-        except ApiError as err:
-            log.warning("%s: the events of Job %s not read: %s", namespace, name, err)
-            events = ()
-        memory.job_events = (uid, now, events)
-        return events
+
+        def read() -> tuple[JobEvent, ...]:
+            selector = (
+                f"involvedObject.kind=Job,involvedObject.name={name},involvedObject.uid={uid},"
+                f"reason={startup.FAILED_CREATE}"
+            )
+            try:
+                found = self.kube.list("Event", namespace, fieldSelector=selector)
+            except ApiError as err:
+                log.warning("%s: the events of Job %s not read: %s", namespace, name, err)
+                return ()
+            return tuple(JobEvent.from_body(e) for e in found)
+
+        return self._read_at_most_every(memory, "job_events", uid, JOB_EVENTS_REQUEUE_SECONDS, read)
 
     def _queue(self, namespace: str, job: tuple[str, str], memory: _Memory) -> QueueView:
         """What Kueue says of the suspended Job's Workload, read at most once per
         QUEUE_REQUEUE_SECONDS. No Workload kind at all (404: Kueue not installed) reads as
-        no Workload; other failures are logged and say so in the message."""
+        no Workload; other failures are logged and read the same."""
         name, uid = job
+
+        def read() -> QueueView:
+            selector = f"{api.KUEUE_JOB_UID_LABEL}={uid}"
+            try:
+                found = self.kube.list("Workload", namespace, labelSelector=selector)
+            except ApiError as err:
+                if err.status != 404:
+                    log.warning("%s: the Workload of Job %s not read: %s", namespace, name, err)
+                return QueueView(False)
+            return QueueView.from_workloads(found)
+
+        return self._read_at_most_every(memory, "queue", uid, QUEUE_REQUEUE_SECONDS, read)
+
+    def _read_at_most_every(self, memory: _Memory, slot: str, uid: str, seconds: float, read):
+        """read() about the Job `uid`, or what it gave less than `seconds` ago (kept in the
+        memory's `slot` as (uid, when, value))."""
         now = self.clock()
-        if memory.queue is not None:
-            read_uid, read_at, queue = memory.queue
-            if read_uid == uid and (now - read_at).total_seconds() < QUEUE_REQUEUE_SECONDS:
-                return queue
-        try:
-            found = self.kube.list(
-                "Workload", namespace, labelSelector=f"{api.KUEUE_JOB_UID_LABEL}={uid}"
-            )
-            queue = QueueView.from_workloads(found)
-        except ApiError as err:
-            if err.status != 404:
-                log.warning("%s: the Kueue Workload of Job %s not read: %s", namespace, name, err)
-            queue = QueueView(False)
-        memory.queue = (uid, now, queue)
-        return queue
+        kept = getattr(memory, slot)
+        if kept is not None:
+            read_uid, read_at, value = kept
+            if read_uid == uid and (now - read_at).total_seconds() < seconds:
+                return value
+        value = read()
+        setattr(memory, slot, (uid, now, value))
+        return value
 
     @staticmethod
     def _rejection(exp: Experiment, status: Status, memory: _Memory) -> str | None:
