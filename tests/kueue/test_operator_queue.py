@@ -73,7 +73,7 @@ def test_two_gangs_fit_the_quota_the_third_is_queued_with_kueues_reason_then_run
     selector = job.spec.template.spec.node_selector or {}
     assert NODE_POOLS["cpu"]["labels"].items() <= selector.items(), selector
     assert not job.spec.suspend
-    assert "Admitted" in k8s.events(namespace, "c")
+    k8s.wait_event(namespace, "c", "Admitted")
 
 
 def test_a_higher_priority_experiment_preempts_a_running_one_which_resumes_on_its_job(
@@ -95,7 +95,7 @@ def test_a_higher_priority_experiment_preempts_a_running_one_which_resumes_on_it
     )
     assert status["phase"] == "Queued" and status.get("restarts", 0) == 0, status
     assert (status["jobName"], status["attempt"]) == ("low-0", 0)
-    assert "Evicted" in k8s.events(namespace, "low")
+    k8s.wait_event(namespace, "low", "Evicted")
     (job,) = k8s.jobs(namespace, "low")
     assert job.spec.suspend  # Kueue's doing; the operator never unsuspends it
     k8s.wait_running_gang(namespace, "high", 2, timeout=60)
@@ -140,8 +140,7 @@ def test_a_gang_whose_pods_never_get_ready_is_evicted_and_counted_as_preempted(
         timeout=90,
     )
     assert status.get("restarts", 0) == 0 and status["jobName"] == "stuck-0", status
-    evicted = [e for e in k8s.events(namespace, "stuck") if e == "Evicted"]
-    assert evicted, k8s.events(namespace, "stuck")
+    k8s.wait_event(namespace, "stuck", "Evicted")
 
 
 def test_without_kueue_a_queue_name_says_what_to_check(k8s, namespace):

@@ -282,6 +282,11 @@ class K8s:
         ).items
         return [e.reason for e in sorted(items, key=lambda e: e.metadata.creation_timestamp)]
 
+    def wait_event(self, namespace: str, name: str, reason: str, timeout: float = 30) -> None:
+        """An Event with `reason` about the experiment (posted just after the status write
+        that goes with it, so a test that saw the status waits a moment for it)."""
+        self.wait(lambda: reason in self.events(namespace, name), f"a {reason} Event", timeout)
+
     # -- waiting --------------------------------------------------------------------------
     def wait(self, predicate, what: str, timeout: float = 30):
         try:

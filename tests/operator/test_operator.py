@@ -56,9 +56,11 @@ def test_apply_creates_owned_objects_and_the_tpu_gang_runs_on_the_tpu_pool(k8s, 
     assert (running["status"], running["reason"]) == ("True", "AllHostsRunning")
     # Only the operator's fields: nothing of Kopf's (handler results, progress) in status.
     assert set(status) <= {
-        "phase", "observedGeneration", "hosts", "restarts", "preemptions", "startTime",
-        "jobName", "jobUID", "coordinatorAddress", "checkpointLocation", "conditions",
+        "phase", "observedGeneration", "hosts", "restarts", "preemptions", "attempt",
+        "startTime", "jobName", "jobUID", "coordinatorAddress", "checkpointLocation",
+        "conditions",
     }  # fmt: skip
+    assert status["attempt"] == 0
 
     svc = k8s.core.read_namespaced_service("tpu", namespace)
     assert svc.spec.cluster_ip == "None" and svc.spec.publish_not_ready_addresses
@@ -140,7 +142,7 @@ def test_retriable_exits_restart_the_gang_until_max_restarts_is_used_up(k8s, nam
     k8s.wait(lambda: [j.metadata.name for j in k8s.jobs(namespace, "r")] == ["r-1"], "r-0 gone")
     restarting = k8s.condition(namespace, "r", "Restarting")
     assert (restarting["status"], restarting["reason"]) == ("False", "Recovered")
-    assert "RetriableFailure" in k8s.events(namespace, "r")
+    k8s.wait_event(namespace, "r", "RetriableFailure")
 
     k8s.exit_pod(namespace, host_pod(k8s, namespace, "r", "r-1", 0).metadata.name, 137)
     status = k8s.wait_phase(namespace, "r", "Failed")
@@ -159,7 +161,7 @@ def test_the_permanent_exit_code_fails_the_experiment_at_once(k8s, namespace):
     assert failed["reason"] == "PermanentFailure"
     assert "host 1" in failed["message"] and "code 78" in failed["message"]
     assert status.get("restarts", 0) == 0 and status["completionTime"]
-    assert "PermanentFailure" in k8s.events(namespace, "p")
+    k8s.wait_event(namespace, "p", "PermanentFailure")
     assert [j.metadata.name for j in k8s.jobs(namespace, "p")] == ["p-0"]
 
 
@@ -176,7 +178,7 @@ def test_an_evicted_host_restarts_the_gang_without_using_up_restarts(k8s, namesp
     k8s.wait(lambda: k8s.status(namespace, "e").get("jobName") == "e-1", "a gang restart")
     status = k8s.wait_running_gang(namespace, "e", 2)
     assert (status.get("restarts", 0), status["preemptions"]) == (0, 1)
-    assert "Preempted" in k8s.events(namespace, "e")
+    k8s.wait_event(namespace, "e", "Preempted")
 
 
 def test_all_hosts_exiting_0_succeed_and_the_ttl_then_deletes_everything(k8s, namespace):

@@ -142,7 +142,7 @@ def test_experiments_named_after_foreign_objects_take_over_none_of_them(k8s, nam
         status = k8s.status(namespace, name)
         assert status["phase"] == evokube.PENDING
         assert "jobName" not in status and "jobUID" not in status
-        assert evokube.REASON_NAME_CONFLICT in k8s.events(namespace, name)
+        k8s.wait_event(namespace, name, evokube.REASON_NAME_CONFLICT)
         assert not k8s.pods(namespace, name)  # no trainer ever ran as ml-trainer
     assert [j.metadata.name for j in k8s.jobs(namespace, "batch")] == []
     assert fingerprint(k8s, namespace) == before

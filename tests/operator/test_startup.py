@@ -71,7 +71,7 @@ def assert_failed_and_stopped(k8s, namespace, name, reason, timeout=30):
     k8s.wait_phase(namespace, name, "Failed", timeout)
     status, found, message = condition(k8s, namespace, name, "Failed")
     assert (status, found) == ("True", reason)
-    assert reason in k8s.events(namespace, name)
+    k8s.wait_event(namespace, name, reason)
     k8s.wait(lambda: not k8s.jobs(namespace, name), f"the Jobs of {name} to be deleted")
     return message
 
@@ -108,13 +108,13 @@ def test_a_pod_quota_blocks_the_experiment_until_it_is_lifted(k8s, namespace):
     _, _, message = wait_blocked(k8s, namespace, "quota", "PodCreationFailing")
     assert "exceeded quota: no-pods" in message
     assert k8s.status(namespace, "quota")["phase"] == "Pending"
-    assert "PodCreationFailing" in k8s.events(namespace, "quota")
+    k8s.wait_event(namespace, "quota", "PodCreationFailing")
 
     k8s.core.delete_namespaced_resource_quota("no-pods", namespace)
     k8s.wait_running_gang(namespace, "quota", 1, timeout=90)
     status, reason, _ = condition(k8s, namespace, "quota", "Blocked")
     assert (status, reason) == ("False", "Unblocked")
-    assert "Unblocked" in k8s.events(namespace, "quota")
+    k8s.wait_event(namespace, "quota", "Unblocked")
 
 
 def test_an_invalid_image_name_fails_the_experiment(k8s, namespace):
@@ -149,7 +149,7 @@ def test_an_unschedulable_gang_is_blocked_after_the_timeout_then_runs_once_it_fi
     assert message.startswith("host 0 (pod nowhere-0-0-")
     assert "didn't match Pod's node affinity/selector" in message
     assert k8s.status(namespace, "nowhere")["phase"] == "Pending"
-    assert "Unschedulable" in k8s.events(namespace, "nowhere")
+    k8s.wait_event(namespace, "nowhere", "Unschedulable")
 
     node = k8s.core.list_node(label_selector="cloud.google.com/gke-nodepool=cpu").items[0]
     name = node.metadata.name
