@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from evokube_operator.spec import parse_spec
 from evokube_trainer.runtime import manifest
 from tests.bad_manifests import BAD_MANIFESTS, GOOD_MANIFESTS, ids, with_changes
 from tests.operator.conftest import experiment_manifest
@@ -19,12 +20,36 @@ def bad_manifest(namespace: str, changes: dict) -> dict:
     return with_changes(changes, base)
 
 
+DRY_RUN_NAMESPACE = "crd-dry-run"
+
+
+def opted_in_namespace(cluster) -> None:
+    """DRY_RUN_NAMESPACE, listing every Secret and ConfigMap the good manifests name: the chart's
+    experiment policy (installed once any test started the operator) checks those lists, and
+    this module tests the CRD's own rules."""
+    names: dict[str, set[str]] = {"Secret": set(), "ConfigMap": set()}
+    for case in GOOD_MANIFESTS:
+        spec = parse_spec(bad_manifest(DRY_RUN_NAMESPACE, case.changes)["spec"])
+        for ref in spec.references():
+            names.get(ref.kind, set()).add(ref.name)
+    cluster.kubectl("create", "namespace", DRY_RUN_NAMESPACE, check=False)
+    cluster.kubectl(
+        "annotate",
+        "--overwrite",
+        "namespace",
+        DRY_RUN_NAMESPACE,
+        f"evokube.io/trainer-secrets={','.join(sorted(names['Secret']))}",
+        f"evokube.io/trainer-configmaps={','.join(sorted(names['ConfigMap']))}",
+    )
+
+
 @pytest.fixture(scope="module")
 def dry_run(cluster, crd):
     """Create an ERLExperiment with dryRun=All and strict field validation, as `kubectl apply`
     validates; returns the field paths the API server refused (empty: admitted)."""
     from kubernetes import client
 
+    opted_in_namespace(cluster)
     api_client = cluster.api_client()
     objects = client.CustomObjectsApi(api_client)
 
@@ -33,9 +58,9 @@ def dry_run(cluster, crd):
             objects.create_namespaced_custom_object(
                 "evokube.io",
                 "v1alpha1",
-                "default",
+                DRY_RUN_NAMESPACE,
                 "erlexperiments",
-                bad_manifest("default", changes),
+                bad_manifest(DRY_RUN_NAMESPACE, changes),
                 dry_run="All",
                 field_validation="Strict",
             )
