@@ -14,7 +14,6 @@ from evokube_trainer.agents import (
     TD3Config,
     Transition,
     TwinCritic,
-    population_apply,
     soft_update,
 )
 from evokube_trainer.replay import ReplayBuffer
@@ -73,7 +72,7 @@ def test_actor_output_is_bounded_and_critic_heads_are_independent():
     assert all(leaf.shape[0] == 2 for _, leaf in leaves)  # stacked per head
 
 
-def test_param_flattener_round_trips_single_and_population():
+def test_param_flattener_round_trips():
     td3 = _td3()
     params = td3.init_actor_params(jax.random.key(0))
     flat = ParamFlattener.from_params(params)
@@ -84,44 +83,11 @@ def test_param_flattener_round_trips_single_and_population():
     assert vec.shape == (expected_dims,) and vec.dtype == jnp.float32
     assert _equal(flat.unflatten(vec), params)
 
-    pop = jax.vmap(td3.init_actor_params)(jax.random.split(jax.random.key(1), 4))
-    vecs = jax.jit(flat.flatten_population)(pop)
-    assert vecs.shape == (4, expected_dims)
-    assert _equal(jax.jit(flat.unflatten_population)(vecs), pop)
-    np.testing.assert_array_equal(vecs[2], flat.flatten(jax.tree.map(lambda x: x[2], pop)))
     with pytest.raises(ValueError, match="flat vector"):
         flat.unflatten(jnp.zeros(3))
 
 
-def test_population_apply_shared_and_per_member_inputs():
-    td3 = _td3()
-    pop = jax.vmap(td3.init_actor_params)(jax.random.split(jax.random.key(0), 3))
-    obs = jax.random.normal(jax.random.key(1), (5, OBS_DIM))
-    shared = population_apply(td3.policy, pop, obs, shared_inputs=True)
-    assert shared.shape == (3, 5, ACTION_DIM)
-    member1 = jax.tree.map(lambda x: x[1], pop)
-    np.testing.assert_allclose(shared[1], td3.policy(member1, obs), rtol=1e-6)
-
-    per_member = jnp.stack([obs, 2 * obs, 3 * obs])  # [pop, B, obs_dim]
-    out = population_apply(td3.policy, pop, per_member)
-    np.testing.assert_allclose(out[1], td3.policy(member1, 2 * obs), rtol=1e-6)
-
-
 # ---- TD3 pieces --------------------------------------------------------------------------------
-
-
-def test_act_adds_clipped_exploration_noise():
-    td3 = _td3(exploration_noise=0.1)
-    state = td3.init(jax.random.key(0))
-    obs = jax.random.normal(jax.random.key(1), (64, OBS_DIM))
-    base = td3.policy(state.actor.params, obs)
-    np.testing.assert_allclose(td3.act(state.actor.params, obs, jax.random.key(2), 0.0), base)
-    noisy = jax.jit(td3.act)(state.actor.params, obs, jax.random.key(2))
-    assert noisy.shape == (64, ACTION_DIM)
-    assert 0.05 < float(jnp.std(noisy - base)) < 0.2
-    wild = td3.act(state.actor.params, obs, jax.random.key(3), 50.0)
-    assert jnp.all(jnp.abs(wild) <= 1.0)
-    assert jnp.mean(jnp.abs(wild) == 1.0) > 0.9
 
 
 def test_target_policy_smoothing_noise_is_clipped():
@@ -385,7 +351,9 @@ def _pendulum_learning_run(seed: int = 0, **config):
                 action_key, (num_envs, env.action_dim), minval=-1.0, maxval=1.0
             )
         else:
-            action = td3.act(agent.actor.params, env_state.obs, action_key)
+            action = td3.policy(agent.actor.params, env_state.obs)
+            noise = td3.config.exploration_noise * jax.random.normal(action_key, action.shape)
+            action = jnp.clip(action + noise, -1.0, 1.0)
         next_state = env.step(env_state, action)
         transition = Transition(
             obs=env_state.obs,

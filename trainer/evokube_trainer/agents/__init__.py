@@ -1,12 +1,6 @@
 """Networks and the TD3 learner used by the ERL workflows."""
 
-from evokube_trainer.agents.networks import (
-    MLP,
-    Actor,
-    ParamFlattener,
-    TwinCritic,
-    population_apply,
-)
+from evokube_trainer.agents.networks import MLP, Actor, ParamFlattener, TwinCritic
 from evokube_trainer.agents.td3 import (
     TD3,
     ActorState,
@@ -28,6 +22,5 @@ __all__ = [
     "TD3State",
     "Transition",
     "TwinCritic",
-    "population_apply",
     "soft_update",
 ]

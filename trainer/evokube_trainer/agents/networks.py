@@ -1,14 +1,10 @@
 """MLP actors and critics (flax linen) and the glue that lets EC evolve actors.
 
 Networks are linen modules used only through their pure `init`/`apply`, so parameters are plain
-pytrees that live in the caller's state. Two bridges connect them to the EC side:
-
-* `ParamFlattener` turns one actor's parameter pytree into a flat float32 vector `[D]` and back
-  (built on `jax.flatten_util.ravel_pytree`), and does the same for a whole population
-  `[pop, ...] <-> [pop, D]` with `vmap`. EC optimizers only ever see the flat vectors.
-* `population_apply` runs one network for every member of a stacked population of parameters,
-  vmapping over the leading `[pop]` axis of the parameters (and of the observations if they are
-  per-member).
+pytrees that live in the caller's state. `ParamFlattener` bridges them to the EC side: it turns
+one actor's parameter pytree into a flat float32 vector `[D]` and back (built on
+`jax.flatten_util.ravel_pytree`); EC optimizers only ever see the flat vectors, and callers vmap
+it over a population.
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ __all__ = [
     "Actor",
     "ParamFlattener",
     "TwinCritic",
-    "population_apply",
 ]
 
 Array = jax.Array
@@ -98,8 +93,7 @@ class ParamFlattener:
     """Converts between a parameter pytree and a flat float32 vector `[num_dims]`.
 
     Build it once from example parameters (`ParamFlattener.from_params(params)`); the tree
-    structure, shapes and dtypes are fixed from then on. Population variants vmap over a leading
-    `[pop]` axis.
+    structure, shapes and dtypes are fixed from then on.
     """
 
     num_dims: int
@@ -121,29 +115,3 @@ class ParamFlattener:
                 f"expected a flat vector of shape ({self.num_dims},), got {flat.shape}"
             )
         return self.unravel(flat)
-
-    def flatten_population(self, params: Params) -> Array:
-        """Stacked params (leaves `[pop, ...]`) -> `[pop, D]`."""
-        return jax.vmap(self.flatten)(params)
-
-    def unflatten_population(self, flat: Array) -> Params:
-        """`[pop, D]` -> stacked params (leaves `[pop, ...]`)."""
-        if flat.ndim != 2 or flat.shape[1] != self.num_dims:
-            raise ValueError(f"expected shape [pop, {self.num_dims}], got {flat.shape}")
-        return jax.vmap(self.unravel)(flat)
-
-
-def population_apply(
-    apply_fn: Callable[..., Array],
-    pop_params: Params,
-    *inputs: Array,
-    shared_inputs: bool = False,
-) -> Array:
-    """Applies `apply_fn(params, *inputs)` for each member of a stacked population.
-
-    `pop_params` has leaves `[pop, ...]`. With `shared_inputs=False` every input carries the
-    population axis too (`[pop, B, ...]`, e.g. one batch of env observations per member); with
-    `shared_inputs=True` all members see the same inputs (`[B, ...]`). Returns `[pop, ...]`.
-    """
-    in_axes = (0, *([None] * len(inputs))) if shared_inputs else 0
-    return jax.vmap(apply_fn, in_axes=in_axes)(pop_params, *inputs)

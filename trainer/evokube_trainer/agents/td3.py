@@ -80,7 +80,7 @@ class TD3Config:
     policy_noise: float = 0.2  # std of the target policy smoothing noise
     noise_clip: float = 0.5  # the smoothing noise is clipped to [-noise_clip, noise_clip]
     actor_update_interval: int = 2  # critic steps per actor (and target) step
-    exploration_noise: float = 0.1  # default std of the Gaussian noise added by `act`
+    exploration_noise: float = 0.1  # std of the Gaussian noise on ERL's RL actors' rollouts
     actor_loss_q: Literal["first", "min"] = "first"  # which Q the actor maximizes
 
     def __post_init__(self):
@@ -197,19 +197,6 @@ class TD3:
     def policy(self, actor_params: Params, obs: Array) -> Array:
         """Deterministic action `[..., action_dim]` in [-1, 1]."""
         return cast(Array, self.actor_network.apply(actor_params, obs))
-
-    def act(
-        self, actor_params: Params, obs: Array, key: Array, noise_std: float | Array | None = None
-    ) -> Array:
-        """Exploration action: policy + N(0, noise_std^2), clipped to [-1, 1].
-
-        `noise_std` defaults to `config.exploration_noise`; it may be a traced scalar (or any
-        array broadcastable to the action) so workflows can anneal or vary it per env.
-        """
-        std = self.config.exploration_noise if noise_std is None else noise_std
-        action = self.policy(actor_params, obs)
-        noise = std * jax.random.normal(key, action.shape, action.dtype)
-        return jnp.clip(action + noise, -1.0, 1.0)
 
     def q_values(self, critic_params: Params, obs: Array, action: Array) -> Array:
         """Q estimates of every critic head, `[num_critics, ...]`."""
