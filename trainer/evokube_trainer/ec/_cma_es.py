@@ -54,8 +54,8 @@ class _Constants(NamedTuple):
 class CMAES(EvoOptimizer):
     """CMA-ES with full covariance; Hansen's default learning rates, positive weights only.
 
-    `num_elites` is mu (pop // 2 when None), `init_sigma` the initial step size. Hansen's default
-    population is `CMAES.default_pop_size(num_dims)` = 4 + floor(3 ln D).
+    `num_elites` is mu (pop // 2 when None), `init_sigma` the initial step size. (Hansen's default
+    population is 4 + floor(3 ln D); the manifest sets `population.size`.)
     """
 
     num_elites: int | None = None
@@ -64,10 +64,6 @@ class CMAES(EvoOptimizer):
     def __post_init__(self) -> None:
         super().__post_init__()
         resolve_num_elites(self.num_elites, self.pop_size)
-
-    @staticmethod
-    def default_pop_size(num_dims: int) -> int:
-        return 4 + int(3 * math.log(num_dims))
 
     def _constants(self) -> _Constants:
         n = self.num_dims
