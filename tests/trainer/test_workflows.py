@@ -23,7 +23,6 @@ from evokube_trainer.workflows import (
     ERLConfig,
     ReplayConfig,
     SharedCriticState,
-    Stop,
     jit_workflow,
     make_workflow,
 )
@@ -282,7 +281,9 @@ def test_donated_step_reuses_the_state_and_computes_the_same(tiny_erl):
     assert _leaves_equal(metrics, expected_metrics)
     # The buffers went to the new state: the replay buffer is not held twice.
     assert all(leaf.is_deleted() for leaf in jax.tree.leaves(copy.replay))
-    final = workflow.learn(stepped, stop=Stop(generations=3), eval_every=0, jitted=donating)
+    final = workflow.learn(
+        stepped, stop=lambda m: m["generation"] >= 3, eval_every=0, jitted=donating
+    )
     assert int(final.generation) == 3
 
 
@@ -305,7 +306,7 @@ def test_step_is_one_jitted_call_that_does_not_retrace(tiny_erl):
     recorder = MemoryRecorder()
     fns.step(state)  # compiled for this state's types (other tests may have added entries)
     compiled = fns.step._cache_size()
-    workflow.learn(state, stop=Stop(generations=6), recorders=[recorder], jitted=fns)
+    workflow.learn(state, stop=lambda m: m["generation"] >= 6, recorders=[recorder], jitted=fns)
     assert [g for g, _ in recorder.records] == [4, 5, 6]
     assert fns.step._cache_size() == compiled
 
@@ -316,7 +317,7 @@ def test_learn_calls_the_hook_and_stops_on_env_steps(tiny_erl):
     state = fns.init(jax.random.PRNGKey(0))
     final = workflow.learn(
         state,
-        stop=Stop(generations=100, env_steps=256 + 2 * 240),
+        stop=lambda m: m["env_steps"] >= 256 + 2 * 240 or m["generation"] >= 100,
         on_generation=lambda s, m: seen.append((int(s.generation), m["env_steps"])),
         eval_every=0,
         jitted=fns,
@@ -353,7 +354,7 @@ def test_cemrl_learns_pendulum():
     fns = jit_workflow(workflow)
     state = fns.init(jax.random.PRNGKey(0))
     assert _final_eval(workflow, fns, state) < -900  # it starts near random
-    state = workflow.learn(state, stop=Stop(generations=15), eval_every=5, jitted=fns)
+    state = workflow.learn(state, stop=lambda m: m["generation"] >= 15, eval_every=5, jitted=fns)
     assert _final_eval(workflow, fns, state) > -400
 
 
@@ -373,7 +374,7 @@ def test_erl_ga_learns_pendulum():
     fns = jit_workflow(workflow)
     state = fns.init(jax.random.PRNGKey(0))
     assert _final_eval(workflow, fns, state) < -900
-    state = workflow.learn(state, stop=Stop(generations=18), eval_every=6, jitted=fns)
+    state = workflow.learn(state, stop=lambda m: m["generation"] >= 18, eval_every=6, jitted=fns)
     assert _final_eval(workflow, fns, state) > -400
 
 
@@ -388,6 +389,7 @@ def test_openes_solves_cartpole():
     workflow = make_workflow(config)
     fns = jit_workflow(workflow)
     state = fns.init(jax.random.PRNGKey(0))
-    state = workflow.learn(state, stop=Stop(generations=80, eval_return=495), jitted=fns)
+    solved = lambda m: m.get("eval/return_mean", -np.inf) >= 495
+    state = workflow.learn(state, stop=lambda m: solved(m) or m["generation"] >= 80, jitted=fns)
     assert int(state.generation) < 80
     assert _final_eval(workflow, fns, state) >= 475

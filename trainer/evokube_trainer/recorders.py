@@ -5,7 +5,7 @@ manager. `Workflow.learn` calls `write` once per generation with plain Python nu
 closes recorders, their owner does.
 
     with JsonLinesRecorder("runs/exp/metrics.jsonl") as log, ConsoleRecorder() as console:
-        workflow.learn(state, stop=Stop(generations=100), recorders=[log, console])
+        workflow.learn(state, stop=lambda m: m["generation"] >= 100, recorders=[log, console])
 """
 
 from __future__ import annotations

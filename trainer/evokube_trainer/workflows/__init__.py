@@ -2,7 +2,8 @@
 
     workflow = make_workflow(CEMRLConfig(env=EnvConfig("gymnax/Pendulum-v1")))
     state = workflow.init(jax.random.PRNGKey(0))
-    state = workflow.learn(state, stop=Stop(generations=50), recorders=[ConsoleRecorder()])
+    stop = lambda metrics: metrics["generation"] >= 50
+    state = workflow.learn(state, stop=stop, recorders=[ConsoleRecorder()])
 
 `Workflow.step` (one generation) and `Workflow.evaluate` are pure; `jit_workflow` jits them and
 `learn` drives them from the host. `DeviceLayout` spreads a generation over many devices and
@@ -30,7 +31,6 @@ from evokube_trainer.workflows._learners import (
 from evokube_trainer.workflows._rollout import PopulationRollout, RolloutResult, random_transitions
 from evokube_trainer.workflows._workflow import (
     JittedWorkflow,
-    Stop,
     Workflow,
     WorkflowState,
     jit_workflow,
@@ -51,7 +51,6 @@ __all__ = [
     "RolloutResult",
     "SharedCriticState",
     "SharedCriticTD3",
-    "Stop",
     "Workflow",
     "WorkflowState",
     "episode_length_of",

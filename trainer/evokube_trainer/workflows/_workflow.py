@@ -317,30 +317,6 @@ def jit_workflow(workflow: Workflow, *, donate: bool = False) -> JittedWorkflow:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class Stop:
-    """A stop condition for `Workflow.learn`: whichever of the set limits is reached first.
-
-    `eval_return` stops once an evaluation's mean return reaches it.
-    """
-
-    generations: int | None = None
-    env_steps: int | None = None
-    eval_return: float | None = None
-
-    def __post_init__(self):
-        if self.generations is None and self.env_steps is None:
-            raise ValueError("Stop needs a generation or env-step limit")
-
-    def __call__(self, metrics: Mapping[str, float]) -> bool:
-        if self.generations is not None and metrics["generation"] >= self.generations:
-            return True
-        if self.env_steps is not None and metrics["env_steps"] >= self.env_steps:
-            return True
-        score = metrics.get("eval/return_mean")
-        return self.eval_return is not None and score is not None and score >= self.eval_return
-
-
 def _to_host(metrics: Mapping[str, Array]) -> dict[str, float]:
     host = jax.device_get(dict(metrics))
     return {name: _scalar(value) for name, value in host.items()}
