@@ -49,11 +49,6 @@ class ApiError(Exception):
         self.message = message
 
     @property
-    def transient(self) -> bool:
-        """Worth retrying: no answer, conflicts, throttling, quota, server trouble."""
-        return self.status in (0, 403, 408, 409, 429) or self.status >= 500
-
-    @property
     def invalid(self) -> bool:
         """The object itself was refused (schema, admission): retrying will not help."""
         return self.status in (400, 422)
