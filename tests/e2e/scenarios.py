@@ -565,9 +565,233 @@ def killed_trainer_in_a_bucket(
             emulator.stop()
 
 
+# -- Kueue preempts a running gang ----------------------------------------------------------------
+QUEUE, CLUSTER_QUEUE, FLAVOR = "gangs", "e2e-gangs", "e2e-local"
+LOW, HIGH = "e2e-low", "e2e-high"  # WorkloadPriorityClasses
+SPRINT = "sprint"  # the high-priority experiment
+ONE_CPU_EACH = {"requests": {"cpu": "1"}}  # what Kueue counts: a 2-host gang is 2 CPUs
+
+
+class _Tagged:
+    """A timeline that tags another watcher's lines (two experiments share one timeline)."""
+
+    def __init__(self, timeline: Timeline, tag: str):
+        self.timeline, self.tag = timeline, tag
+
+    def add(self, what: str, detail: str = "") -> None:
+        self.timeline.add(what, f"[{self.tag}] {detail}")
+
+
+def _kueue_objects(stack: Stack, ns: str) -> list[tuple[str, str]]:
+    """A flavor for the runner's nodes, a ClusterQueue with quota for one 2-host gang that
+    preempts lower priorities, a LocalQueue in `ns`, two WorkloadPriorityClasses.
+    Returns the cluster-scoped ones as (plural, name), to delete in reverse."""
+    from tests.cluster.kueue import API_VERSION
+    from tests.kueue import helpers
+
+    runner = stack.runner
+    flavor = {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceFlavor",
+        "metadata": {"name": FLAVOR},
+        # Kueue adds these to an admitted Job's pods (the experiment has them already).
+        "spec": {
+            "nodeLabels": runner.node_selector,
+            "tolerations": [
+                {**t, "value": "true", "operator": "Equal"} for t in runner.tolerations
+            ],
+        },
+    }
+    made = []
+    for plural, body in (
+        ("resourceflavors", flavor),
+        ("workloadpriorityclasses", _priority_class(LOW, 10)),
+        ("workloadpriorityclasses", _priority_class(HIGH, 1000)),
+        (
+            "clusterqueues",
+            helpers.cluster_queue(
+                CLUSTER_QUEUE,
+                {FLAVOR: {"cpu": 2}},
+                preemption={"withinClusterQueue": "LowerPriority"},
+            ),
+        ),
+    ):
+        helpers.delete_cluster_object(stack.api, plural, body["metadata"]["name"])  # a rerun
+        helpers._create(stack.api, plural, body)
+        made.append((plural, body["metadata"]["name"]))
+    helpers.create_local_queue(stack.api, ns, QUEUE, CLUSTER_QUEUE)
+    wait_until(
+        lambda: helpers.is_true(helpers.get(stack.api, "clusterqueues", CLUSTER_QUEUE), "Active"),
+        30,
+        f"ClusterQueue {CLUSTER_QUEUE} to be active",
+    )
+    return made
+
+
+def _priority_class(name: str, value: int) -> dict[str, Any]:
+    from tests.cluster.kueue import API_VERSION
+
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "WorkloadPriorityClass",
+        "metadata": {"name": name},
+        "value": value,
+    }
+
+
+def kueue_preemption(stack: Stack, ns: str, timeline: Timeline, kueue_runner: Any = None) -> Report:
+    """Under Kueue, a high-priority experiment preempts the running gang of a low-priority one:
+    the gang checkpoints on SIGTERM, waits in Queued on its suspended Job, and resumes on the
+    same Job from that checkpoint once the high-priority one has finished."""
+    from tests.cluster.kueue import KueueRunner
+    from tests.kueue import helpers
+
+    own = kueue_runner is None
+    runner = KueueRunner(stack.cluster) if own else kueue_runner
+    made: list[tuple[str, str]] = []
+    report: Report | None = None
+    sprint: Watcher | None = None
+    try:
+        began = time.monotonic()
+        kueue = runner.ensure()
+        timeline.add(
+            "kueue", f"v0.17.0 manager pid {kueue.process.pid}, in {kueue.started_in:.0f}s"
+        )
+        made = _kueue_objects(stack, ns)
+        timeline.add(
+            "kueue objects",
+            f"ClusterQueue {CLUSTER_QUEUE} (cpu 2 on flavor {FLAVOR}, withinClusterQueue: "
+            f"LowerPriority), LocalQueue {ns}/{QUEUE}, priorities {LOW}=10 {HIGH}=1000",
+        )
+        report = _begin(
+            stack,
+            ns,
+            timeline,
+            queueName=QUEUE,
+            workloadPriorityClassName=LOW,
+            resources=ONE_CPU_EACH,
+        )
+        report.notes["kueue_setup_s"] = time.monotonic() - began
+        name, job = report.watcher.name, f"{report.watcher.name}-0"
+        pods = _train_until(stack, ns, job, KILL_AT, report)
+        report.mid_run = {i: stack.scrape(p) for i, p in pods.items()}
+        report.notes["low_pods"] = sorted(p["metadata"]["name"] for p in pods.values())
+
+        # The high-priority one: a few generations, checkpoints on a claim of its own.
+        stack.runner.provision_claim(ns, f"{SPRINT}-checkpoints")
+        document = experiment_document(
+            queueName=QUEUE,
+            workloadPriorityClassName=HIGH,
+            resources=ONE_CPU_EACH,
+            stopping={"maxGenerations": 10},
+            checkpoint={"volumeClaimName": f"{SPRINT}-checkpoints"},
+        )
+        document["metadata"]["name"] = SPRINT
+        sprint = Watcher(stack, ns, SPRINT, _Tagged(timeline, SPRINT))
+        sprint.start()
+        report.disturbed_at = _generation(stack, pods[0])
+        stack.apply(ns, document)
+        preempted_at = time.monotonic()
+        timeline.add(
+            "kubectl apply",
+            f"-n {ns} {SPRINT}: priority {HIGH}, maxGenerations 10 "
+            f"({name} at generation {report.disturbed_at})",
+        )
+
+        # Kueue evicts the low gang: its Job is suspended, its pods deleted; they checkpoint.
+        def preempted():
+            status = stack.status(ns, name)
+            return status if status.get("preemptions") == 1 else None
+
+        report.notes["preempted_status"] = _wait(report, f"Kueue to preempt {name}", preempted, 120)
+        ended = lambda: all(
+            stack.runner.endings(ns).get(p, (None,))[0] is not None
+            for p in report.notes["low_pods"]
+        )
+        _wait(report, f"the pods of {job} to end", ended, 120)
+        report.notes["preempted_endings"] = {
+            p: stack.runner.endings(ns)[p] for p in report.notes["low_pods"]
+        }
+        _stopped_lines(stack, ns, job, report)
+        stopped = {int(line.split()[3].rstrip(":")) for line in report.stopped.values()}
+        timeline.add("checkpointed", "; ".join(sorted(report.stopped.values())))
+
+        def saved():
+            status = stack.status(ns, name)
+            last = (status.get("progress") or {}).get("lastCheckpoint")
+            return status if stopped and last == max(stopped) else None
+
+        # The trainer's last progress patch (on its way out) names the SIGTERM checkpoint.
+        with _quiet(report):
+            report.notes["queued_status"] = _wait(report, "lastCheckpoint", saved, 30)
+        report.notes["job_suspended"] = stack.batch.read_namespaced_job(job, ns).spec.suspend
+        report.notes["queued_condition"] = {
+            c["type"]: c for c in stack.status(ns, name).get("conditions") or []
+        }.get("Queued")
+
+        # The high-priority one runs to Succeeded; then Kueue admits the low one's Job again.
+        _wait(report, f"{SPRINT} to succeed", lambda: sprint.phases[-1:] == ["Succeeded"], 240)
+        report.notes["sprint_status"] = stack.status(ns, SPRINT)
+        report.notes["sprint_phases"] = list(sprint.phases)
+        report.notes["sprint_admission"] = _admission_times(stack, ns, f"{SPRINT}-0")
+        timeline.add("admission", f"[{SPRINT}] {report.notes['sprint_admission']}")
+        report.notes["queued_s"] = time.monotonic() - preempted_at
+        _finish(stack, ns, name, job, report)
+        report.notes["admission"] = _admission_times(stack, ns, job)
+        timeline.add("admission", str(report.notes["admission"]))
+        report.notes["jobs"] = sorted(
+            j.metadata.name
+            for j in stack.batch.list_namespaced_job(
+                ns, label_selector=f"evokube.io/experiment={name}"
+            ).items
+        )
+        return report
+    finally:
+        if report is not None:
+            report.watcher.stop()
+        if sprint is not None:
+            sprint.stop()
+        for plural, obj in reversed(made):
+            helpers.delete_cluster_object(stack.api, plural, obj)
+        if own:
+            runner.stop()  # webhooks first: nothing else on this cluster waits for Kueue
+
+
+def _admission_times(stack: Stack, ns: str, job: str) -> dict[str, str]:
+    """When the Job was last unsuspended (its Suspended=False condition, written by the Job
+    controller) and when its current pods were created: the operator counts only the pods
+    created at or after the former as the gang."""
+    body = stack.batch.read_namespaced_job(job, ns)
+    resumed = next(
+        (c for c in body.status.conditions or [] if c.type == "Suspended" and c.status == "False"),
+        None,
+    )
+    times = {"resumed": resumed.last_transition_time.isoformat() if resumed else "-"}
+    for index, pod in sorted(stack.trainer_pods(ns, job).items()):
+        times[f"pod {index}"] = pod["metadata"]["creationTimestamp"]
+    return times
+
+
+class _quiet:
+    """Within: a timeout of `_wait` is recorded in the report's notes, not raised."""
+
+    def __init__(self, report: Report):
+        self.report = report
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, tb):
+        if kind is TimeoutError:
+            self.report.notes["timed_out"] = str(err).splitlines()[0]
+            return True
+        return False
+
+
 SCENARIOS = {
     "killed-trainer": killed_trainer,
     "killed-trainer-gs": killed_trainer_in_a_bucket,
     "evicted-trainer": evicted_trainer,
     "killed-operator": killed_operator,
+    "kueue-preemption": kueue_preemption,
 }

@@ -180,3 +180,54 @@ def _pod(report: Report, attempt: int, host: int) -> str:
         if name.startswith(f"{NAME}-{attempt}-{host}-"):
             return name
     raise AssertionError(f"no pod of host {host} in attempt {attempt}\n{report}")
+
+
+def test_kueue_preempts_a_running_gang_which_resumes_on_its_job_from_the_sigterm_checkpoint(
+    stack, e2e_namespace
+):
+    """The real Kueue (tests/cluster/kueue.py) on this stack's cluster, started and stopped
+    by the scenario: one ClusterQueue with quota for one 2-host gang, preemption of lower
+    priorities."""
+    report = scenarios.kueue_preemption(stack, e2e_namespace, Timeline())
+    notes = report.notes
+
+    # Preempted: counted as a preemption, not a restart; the same Job and attempt, Queued.
+    at = notes["preempted_status"]
+    assert at["phase"] == "Queued", report
+    assert (at.get("restarts", 0), at["preemptions"], at["attempt"]) == (0, 1, 0), report
+    assert at["jobName"] == f"{NAME}-0", report
+    assert notes["job_suspended"] is True
+    assert notes["queued_condition"]["status"] == "True", notes["queued_condition"]
+    # Both trainers got SIGTERM (the Job's pods deleted), checkpointed at one generation, exit 75.
+    assert {code for code, _ in notes["preempted_endings"].values()} == {75}, notes
+    reasons = {line.split(": ", 1)[1] for line in report.stopped.values()}
+    assert len(report.stopped) == 2, report.stopped
+    assert reasons <= {"preempted (SIGTERM)", "a peer was preempted"}, report.stopped
+    (stopped_at,) = {int(line.split()[3].rstrip(":")) for line in report.stopped.values()}
+    assert stopped_at >= report.disturbed_at >= KILL_AT, report
+    assert "timed_out" not in notes, notes.get("timed_out")
+    assert notes["queued_status"]["progress"]["lastCheckpoint"] == stopped_at, report
+
+    # The high-priority one ran in the freed quota and succeeded.
+    sprint = notes["sprint_status"]
+    assert sprint["phase"] == "Succeeded" and sprint["progress"]["generation"] == 10, sprint
+    assert (sprint.get("restarts", 0), sprint.get("preemptions", 0)) == (0, 0), sprint
+
+    # Re-admitted on the same Job: resumed exactly at the SIGTERM checkpoint, then succeeded.
+    assert report.resumed_at == stopped_at, report
+    status = report.status
+    assert status["phase"] == "Succeeded", report
+    assert (status.get("restarts", 0), status["preemptions"], status["attempt"]) == (0, 1, 0)
+    assert status["jobName"] == f"{NAME}-0" and notes["jobs"] == [f"{NAME}-0"], report
+    assert report.watcher.jobs.keys() == {f"{NAME}-0"}, report
+    assert all(len(uids) == 1 for uids in report.watcher.jobs.values()), report.watcher.jobs
+    assert status["progress"]["bestFitness"] >= report.target, report
+    phases = report.watcher.phases
+    assert "Restarting" not in phases and "Failed" not in phases, phases
+    i = phases.index("Running")
+    assert phases[i:] == ["Running", "Queued", "Running", "Succeeded"] or (
+        phases[i : i + 2] == ["Running", "Queued"] and phases[-2:] == ["Running", "Succeeded"]
+    ), phases
+    assert "Evicted" in report.events and report.events.count("JobCreated") == 1, report.events
+    assert counter_delta(report, "evokube_operator_gang_restarts_total", kind="preemption") == 1
+    assert counter_delta(report, "evokube_operator_gang_restarts_total", kind="counted") == 0
