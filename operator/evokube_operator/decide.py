@@ -264,12 +264,7 @@ def decide(
         return _start(step, status, spec, events)
     if status.job_uid != job.uid:
         status = replace(status, job_uid=job.uid)
-    # Pods from before the Job's last admission belong to a gang Kueue evicted.
-    pods = [
-        p
-        for p in gang_pods(job, obs.pods)
-        if job.resumed_at is None or p.created_at is None or p.created_at >= job.resumed_at
-    ]
+    pods = [p for p in gang_pods(job, obs.pods) if not _evicted_earlier(p, job)]
     if job.suspended and job.failure is None and not job.complete:
         return _queued(step, status, spec, job, events, left)
     failed = failure.classify(job, pods)
@@ -286,6 +281,19 @@ def decide(
     if success.succeeded(job, pods, spec.accelerator.hosts):
         return _succeed(step, status, spec, job, events)
     return _progress(step, status, spec, job, pods, events, left)
+
+
+def _evicted_earlier(pod: PodView, job: JobView) -> bool:
+    """A pod of a gang Kueue evicted before the Job's last admission: being deleted (the Job
+    controller deletes the pods of a suspended Job) and created before that admission. The
+    deletion is what tells: the Job controller creates a new gang's pods before it writes the
+    admission's time (both in whole seconds), so a new pod may look older than it."""
+    return (
+        pod.deleting
+        and job.resumed_at is not None
+        and pod.created_at is not None
+        and pod.created_at < job.resumed_at
+    )
 
 
 # -- steps ------------------------------------------------------------------------------

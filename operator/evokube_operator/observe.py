@@ -134,8 +134,8 @@ class JobView:
     deleting: bool = False
     owner_uid: str | None = None  # uid of the controlling ERLExperiment
     created_at: datetime | None = None
-    # When the Job was last unsuspended (Kueue's admission): pods created before belong to a
-    # gang that Kueue evicted, and their exits are not failures of this one.
+    # When the Job was last unsuspended (Kueue's admission): deleted pods created before belong
+    # to a gang that Kueue evicted, and their exits are not failures of this one.
     resumed_at: datetime | None = None
 
     @classmethod

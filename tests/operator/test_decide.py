@@ -456,7 +456,13 @@ def test_an_eviction_is_a_preemption_on_the_same_job_and_attempt():
     # Re-admitted: the evicted gang's pods (created before the resume) are not failures.
     resumed = replace(job(0), resumed_at=NOW)
     old = tuple(replace(p, created_at=NOW - timedelta(minutes=5)) for p in stopping)
-    new = tuple(replace(p, created_at=NOW + timedelta(seconds=1)) for p in gang(2))
+    # The Job controller creates the new pods, then writes the admission's time (whole seconds):
+    # a new pod may look a second older than the admission; it is not being deleted.
+    ages = (-1, 1)
+    new = tuple(
+        replace(p, created_at=NOW + timedelta(seconds=s))
+        for p, s in zip(gang(2), ages, strict=True)
+    )
     back = decide(replace(settle(obs, plan), jobs=(resumed,), pods=old + new))
     assert back.status.phase == api.RUNNING
     assert (back.status.preemptions, back.status.restarts, back.create_job) == (1, 0, None)
