@@ -83,12 +83,8 @@ def child(args: argparse.Namespace) -> None:
         target_fitness=None,
         max_wall_clock_s=None,
         eval_interval=1,  # the manifest's default
-        checkpoint_location=None,
         checkpoint_interval=10,  # the manifest's default
         checkpoint_keep=3,
-        metrics_port=0,
-        devices_per_host=1,
-        hosts=1,
     )
     train(config, checkpoint_dir=args.checkpoint_dir, recorders=[Clock()])
     first = finished[0][0]

@@ -2,21 +2,48 @@
 
 Every label, annotation, environment variable, exit code, phase, condition
 type and condition reason the operator reads or writes is a constant here, so
-that docs/operator.md, the tests and the code cannot drift apart.
+that docs/operator.md, the tests and the code cannot drift apart. Those the
+trainer shares are defined in evokube_contract and only re-exported here.
 """
 
 from typing import Final
 
-# -- the ERLExperiment API ----------------------------------------------------
-GROUP: Final = "evokube.io"
-VERSION: Final = "v1alpha1"
-API_VERSION: Final = f"{GROUP}/{VERSION}"
-KIND: Final = "ERLExperiment"
-PLURAL: Final = "erlexperiments"
+# The operator/trainer contract (the API's group and kind, the pods' labels and annotations,
+# the trainer's environment, files and exit codes) lives in evokube_contract, which the trainer
+# imports too; the operator reaches it through this module.
+from evokube_contract import (  # noqa: F401
+    API_VERSION,
+    COMPLETION_INDEX_ANNOTATION,
+    CONTAINER,
+    ENV_CHECKPOINT_DIR,
+    ENV_COORDINATOR,
+    ENV_HOME,
+    ENV_MANIFEST,
+    ENV_METRICS_PORT,
+    ENV_NUM_PROCESSES,
+    ENV_PROCESS_ID,
+    ENV_REPORT_STATUS,
+    ENV_TPU_WORKER_HOSTNAMES,
+    ENV_TPU_WORKER_ID,
+    ENV_XLA_FLAGS,
+    EXIT_PERMANENT,
+    EXIT_RETRIABLE,
+    EXIT_SUCCESS,
+    GROUP,
+    KIND,
+    LABEL_ATTEMPT,
+    LABEL_EXPERIMENT,
+    MANIFEST_ANNOTATION,
+    MANIFEST_DIR,
+    MANIFEST_FILE,
+    MANIFEST_PATH,
+    PLURAL,
+    SCRATCH_DIR,
+    TRAINER_COMMAND,
+    VERSION,
+)
 
 # -- labels on everything the operator creates ----------------------------------
-LABEL_EXPERIMENT: Final = "evokube.io/experiment"  # the owning experiment's name
-LABEL_ATTEMPT: Final = "evokube.io/attempt"  # gang attempt number (Jobs and pods)
 LABEL_NAME: Final = "app.kubernetes.io/name"
 LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
 LABEL_COMPONENT: Final = "app.kubernetes.io/component"
@@ -34,7 +61,6 @@ KUEUE_VERSION: Final = "v1beta2"
 # -- Kubernetes' own keys the operator reads -----------------------------------
 JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"
 JOB_UID_LABEL: Final = "batch.kubernetes.io/controller-uid"
-COMPLETION_INDEX_ANNOTATION: Final = "batch.kubernetes.io/job-completion-index"
 DISRUPTION_TARGET: Final = "DisruptionTarget"  # pod condition: evicted or preempted
 
 # -- node selectors, resources and taints of GKE accelerator pools ----------------
@@ -44,14 +70,7 @@ TPU_RESOURCE: Final = "google.com/tpu"
 GPU_PRODUCT_SELECTOR: Final = "cloud.google.com/gke-accelerator"
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 
-# -- the trainer container -------------------------------------------------------
-CONTAINER: Final = "trainer"
-TRAINER_COMMAND: Final = ("evokube-train",)
-MANIFEST_DIR: Final = "/etc/evokube"
-MANIFEST_FILE: Final = "experiment.yaml"
-# The manifest travels in this pod-template annotation; a downwardAPI volume mounts it at
-# MANIFEST_DIR/MANIFEST_FILE, so every host of one gang reads the same manifest.
-MANIFEST_ANNOTATION: Final = "evokube.io/manifest"
+# -- what experiment authors may use in their spec ------------------------------------
 # A PersistentVolumeClaim may be an experiment's checkpoint volume only with this label set to
 # "true", by someone allowed to edit claims (experiment authors must not mount any claim).
 LABEL_CHECKPOINT_CLAIM: Final = "evokube.io/checkpoint-claim"
@@ -66,28 +85,6 @@ ANNOTATION_TRAINER_SECRETS: Final = "evokube.io/trainer-secrets"
 ANNOTATION_TRAINER_CONFIGMAPS: Final = "evokube.io/trainer-configmaps"
 DEFAULT_CHECKPOINT_DIR: Final = "/checkpoints"
 TRAINER_UID: Final = 1000  # non-root user of the trainer images
-# The root filesystem is read-only: an emptyDir here is the trainer's scratch space and its
-# HOME (caches of JAX, XLA, CUDA, Triton, matplotlib go under $HOME/.cache and the like).
-SCRATCH_DIR: Final = "/tmp"
-
-# Environment variables of the operator/trainer contract (docs/architecture.md).
-ENV_MANIFEST: Final = "EVOKUBE_MANIFEST"
-ENV_EXPERIMENT: Final = "EVOKUBE_EXPERIMENT"
-ENV_NAMESPACE: Final = "EVOKUBE_NAMESPACE"
-ENV_COORDINATOR: Final = "JAX_COORDINATOR_ADDRESS"
-ENV_NUM_PROCESSES: Final = "JAX_NUM_PROCESSES"
-ENV_PROCESS_ID: Final = "JAX_PROCESS_ID"
-ENV_CHECKPOINT_DIR: Final = "EVOKUBE_CHECKPOINT_DIR"
-ENV_METRICS_PORT: Final = "EVOKUBE_METRICS_PORT"
-ENV_ATTEMPT: Final = "EVOKUBE_ATTEMPT"
-ENV_XLA_FLAGS: Final = "XLA_FLAGS"
-ENV_REPORT_STATUS: Final = "EVOKUBE_REPORT_STATUS"
-ENV_HOME: Final = "HOME"  # SCRATCH_DIR: writable, unlike the image's home
-
-# -- exit codes of the trainer ------------------------------------------------------
-EXIT_SUCCESS: Final = 0
-EXIT_RETRIABLE: Final = 75  # EX_TEMPFAIL: preempted, peer lost, infrastructure error
-EXIT_PERMANENT: Final = 78  # EX_CONFIG: bad manifest or configuration, diverged
 
 # -- status.phase ---------------------------------------------------------------------
 PENDING: Final = "Pending"

@@ -293,12 +293,14 @@ def security_contexts(acc: Accelerator) -> tuple[dict[str, Any], dict[str, Any]]
 
 # -- the Job ----------------------------------------------------------------------------------
 def trainer_env(exp: Experiment, spec: ExperimentSpec, attempt: int) -> list[dict[str, Any]]:
-    """The operator/trainer contract of docs/architecture.md, in a fixed order."""
+    """The operator/trainer contract of docs/architecture.md, in a fixed order.
+
+    Only what depends on the pod, the attempt or the operator's settings: what the user wrote
+    (and the experiment's name and namespace) reaches the trainer in the manifest alone.
+    """
     acc = spec.accelerator
     env: list[dict[str, Any]] = [
-        {"name": api.ENV_MANIFEST, "value": f"{api.MANIFEST_DIR}/{api.MANIFEST_FILE}"},
-        {"name": api.ENV_EXPERIMENT, "value": exp.name},
-        {"name": api.ENV_NAMESPACE, "value": exp.namespace},
+        {"name": api.ENV_MANIFEST, "value": api.MANIFEST_PATH},
         {
             "name": api.ENV_COORDINATOR,
             "value": coordinator_address(exp.name, attempt, spec.coordinator_port),
@@ -314,7 +316,6 @@ def trainer_env(exp: Experiment, spec: ExperimentSpec, attempt: int) -> list[dic
         },
         {"name": api.ENV_CHECKPOINT_DIR, "value": spec.checkpoint_location},
         {"name": api.ENV_METRICS_PORT, "value": str(spec.metrics_port)},
-        {"name": api.ENV_ATTEMPT, "value": str(attempt)},
         {"name": api.ENV_REPORT_STATUS, "value": "1"},
         {"name": api.ENV_HOME, "value": api.SCRATCH_DIR},
     ]

@@ -86,7 +86,7 @@ class Status:
     hosts: int | None = None
     restarts: int = 0
     preemptions: int = 0
-    # The gang attempt (EVOKUBE_ATTEMPT, the Job's name): one more at each gang restart,
+    # The gang attempt (the Job's name, its pods' LABEL_ATTEMPT): one more at each gang restart,
     # counted or not; a gang Kueue evicts keeps its Job, so its preemption adds none.
     attempt: int = 0
     start_time: str | None = None

@@ -45,13 +45,13 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any, Final
 
+# libtpu's (and JAX's GkeTpuCluster's) view of the slice's hosts.
+from evokube_contract import ENV_TPU_WORKER_HOSTNAMES, ENV_TPU_WORKER_ID
+
 # The pod label naming a gang (one Job): sha1("<namespace>/<job>") in hex, 40 characters.
 GANG_LABEL: Final = "evokube.io/gang"
 # A slice is a GKE node pool: one multi-host TPU slice per node pool.
 DEFAULT_TOPOLOGY_KEY: Final = "cloud.google.com/gke-nodepool"
-# libtpu's (and JAX's GkeTpuCluster's) view of the slice's hosts.
-ENV_TPU_WORKER_ID: Final = "TPU_WORKER_ID"
-ENV_TPU_WORKER_HOSTNAMES: Final = "TPU_WORKER_HOSTNAMES"
 
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 

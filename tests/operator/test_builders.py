@@ -129,8 +129,6 @@ def test_pods_get_the_jax_distributed_contract():
     env = env_of(build_job(attempt=1, accelerator={"type": "cpu", "hosts": 2, "devicesPerHost": 4}))
     assert env == {
         api.ENV_MANIFEST: "/etc/evokube/experiment.yaml",
-        api.ENV_EXPERIMENT: "demo",
-        api.ENV_NAMESPACE: "ns",
         api.ENV_COORDINATOR: "demo-1-0.demo:8476",
         api.ENV_NUM_PROCESSES: "2",
         api.ENV_PROCESS_ID: {
@@ -140,7 +138,6 @@ def test_pods_get_the_jax_distributed_contract():
         },
         api.ENV_CHECKPOINT_DIR: "/checkpoints",
         api.ENV_METRICS_PORT: "9100",
-        api.ENV_ATTEMPT: "1",
         api.ENV_REPORT_STATUS: "1",
         api.ENV_HOME: api.SCRATCH_DIR,
         api.ENV_XLA_FLAGS: "--xla_force_host_platform_device_count=4",

@@ -174,6 +174,31 @@ def test_mirrored_needs_even_population():
 # The contract tests below run eagerly on pop 8, D 4 so they reuse the compiled primitives.
 
 
+def test_tell_shapes_fitness_for_any_optimizer_and_reports_raw_statistics():
+    """A ranking optimizer is blind to a monotone shaping; the statistics stay raw."""
+    raw, ranked = VanillaES(8, 4), VanillaES(8, 4, fitness_shaping=centered_rank)
+    state = raw.init(jax.random.key(0), jnp.ones(4))
+    population, state = raw.ask(state, jax.random.key(1))
+    fitness = jax.vmap(sphere)(population)
+    first, first_metrics = raw.tell(state, population, fitness)
+    second, second_metrics = ranked.tell(state, population, fitness)
+    np.testing.assert_array_equal(first.mean, second.mean)
+    assert first_metrics["fitness_max"] == second_metrics["fitness_max"] == fitness.max()
+    assert list(first_metrics)[:4] == ["fitness_max", "fitness_mean", "fitness_min", "fitness_std"]
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_only_the_ga_takes_seeded_members(name):
+    opt = OPTIMIZERS[name]
+    state = opt.init(jax.random.key(0), jnp.ones(4))
+    seeded = opt.seed_population(state, jax.random.key(1), lambda k: jax.random.normal(k, (4,)))
+    if name == "ga":
+        draws = jax.random.normal(jax.random.split(jax.random.key(1), 8)[3], (4,))
+        np.testing.assert_array_equal(seeded.population[3], draws)
+    else:
+        assert seeded is state
+
+
 def test_sep_cem_tell_uses_the_population_passed_in():
     opt = SepCEM(8, 4)
     state = opt.init(jax.random.key(0), jnp.zeros(4))

@@ -116,21 +116,20 @@ def test_bucket_recorder_logs_storage_errors_and_never_raises(caplog):
     assert "could not upload nosuchscheme://bucket/history.jsonl" in caplog.text
 
 
-def test_history_goes_beside_the_checkpoints_and_to_evokube_history(tmp_path, monkeypatch):
+def test_history_goes_beside_the_checkpoints_and_to_evokube_history(tmp_path):
     from evokube_trainer.recorders import BucketJsonLinesRecorder, JsonLinesRecorder
     from evokube_trainer.runtime.entrypoint import history_recorders
 
-    monkeypatch.delenv("EVOKUBE_HISTORY", raising=False)
     (cluster,) = history_recorders("gs://bucket/ns/exp/")
     assert isinstance(cluster, BucketJsonLinesRecorder)
     assert cluster.url == "gs://bucket/ns/exp/history.jsonl"
     assert history_recorders(None) == []
 
-    monkeypatch.setenv("EVOKUBE_HISTORY", str(tmp_path / "history.jsonl"))
-    (same,) = history_recorders(str(tmp_path))  # a local run: one file, not two
+    extra = str(tmp_path / "history.jsonl")  # EVOKUBE_HISTORY
+    (same,) = history_recorders(str(tmp_path), extra)  # a local run: one file, not two
     assert isinstance(same, JsonLinesRecorder) and same.path == str(tmp_path / "history.jsonl")
     same.close()
-    bucket, local = history_recorders("s3://bucket/exp")
+    bucket, local = history_recorders("s3://bucket/exp", extra)
     assert bucket.url == "s3://bucket/exp/history.jsonl"
     assert local.path == str(tmp_path / "history.jsonl")
     local.close()

@@ -9,11 +9,19 @@
 Optimizers are frozen dataclasses (hashable, static); states are flax struct dataclasses, so
 `jax.jit(opt.tell)` and ask/tell inside `lax.scan` work. `tell` always reads the population it is
 given, so a workflow may edit individuals (e.g. RL-trained actors) between ask and tell.
+
+Every optimizer subclasses `EvoOptimizer` directly: `tell` is shared (fitness shaping, the
+optimizer's `_tell`, fitness statistics, generation count) and each optimizer is composed of the
+pure parts of `_parts.py`. `seed_population(state, key, draw)` lets a workflow offer independent
+initial members; the GA takes them, search distributions ignore them.
 """
 
 from evokube_trainer.ec._ars import ARS, ARSState
-from evokube_trainer.ec._base import (
-    EvoOptimizer,
+from evokube_trainer.ec._base import EvoOptimizer
+from evokube_trainer.ec._cma_es import CMAES, CMAESState, SepCMAES
+from evokube_trainer.ec._ga import GA, GAState, replace_worst, tournament_selection
+from evokube_trainer.ec._open_es import OpenES, OpenESState
+from evokube_trainer.ec._parts import (
     OptimizerFactory,
     Schedule,
     ScheduleLike,
@@ -21,9 +29,6 @@ from evokube_trainer.ec._base import (
     gaussian_noise,
     log_rank_weights,
 )
-from evokube_trainer.ec._cma_es import CMAES, CMAESState, SepCMAES
-from evokube_trainer.ec._ga import GA, GAState, replace_worst, tournament_selection
-from evokube_trainer.ec._open_es import OpenES, OpenESState
 from evokube_trainer.ec._sep_cem import SepCEM, SepCEMState
 from evokube_trainer.ec._shaping import FitnessShaping, centered_rank, raw_fitness, z_score
 from evokube_trainer.ec._vanilla_es import VanillaES, VanillaESState

@@ -8,12 +8,16 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from evokube_trainer.ec._base import (
+from evokube_trainer.ec._base import EvoOptimizer
+from evokube_trainer.ec._parts import (
     OptimizerFactory,
     ScheduleLike,
-    SearchGradient,
     SearchGradientState,
-    fitness_stats,
+    ascend,
+    check_mirrored,
+    gaussian_population,
+    gradient_ascent,
+    init_ascent,
     schedule_value,
     top_k_indices,
 )
@@ -22,7 +26,7 @@ ARSState = SearchGradientState
 
 
 @dataclasses.dataclass(frozen=True)
-class ARS(SearchGradient):
+class ARS(EvoOptimizer):
     """ARS over `pop_size // 2` mirrored directions delta_k.
 
     The population holds each `mean + sigma * delta_k` (even rows) next to its
@@ -37,10 +41,10 @@ class ARS(SearchGradient):
     num_top_directions: int | None = None
     optimizer: OptimizerFactory = optax.sgd
     weight_decay: float = 0.0
-    mirrored = True  # a constant, not a field: ARS's directions always come in mirrored pairs
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_mirrored(True, self.pop_size)
         top = self._num_top()
         if not 1 <= top <= self.pop_size // 2:
             raise ValueError(f"num_top_directions must lie in [1, {self.pop_size // 2}], got {top}")
@@ -50,7 +54,18 @@ class ARS(SearchGradient):
             return self.pop_size // 2
         return self.num_top_directions
 
-    def tell(
+    def _ascent(self) -> optax.GradientTransformation:
+        return gradient_ascent(self.optimizer, self.learning_rate, self.weight_decay)
+
+    def init(self, key: jax.Array, mean: jax.Array) -> ARSState:
+        del key
+        return init_ascent(self._ascent(), self._check_mean(mean))
+
+    def ask(self, state: ARSState, key: jax.Array) -> tuple[jax.Array, ARSState]:
+        sigma = schedule_value(self.sigma, state.generation)
+        return gaussian_population(key, state.mean, sigma, self.pop_size, mirrored=True), state
+
+    def _tell(
         self, state: ARSState, population: jax.Array, fitness: jax.Array
     ) -> tuple[ARSState, dict[str, jax.Array]]:
         sigma = schedule_value(self.sigma, state.generation)
@@ -61,10 +76,5 @@ class ARS(SearchGradient):
         std = jnp.std(used)
         std = jnp.where(std > 0, std, 1.0)
         grad = (r_plus[top] - r_minus[top]) @ deltas[top] / (self._num_top() * std)  # [D]
-        metrics = {
-            **fitness_stats(fitness),
-            "sigma": sigma,
-            "returns_std": std,
-            "grad_norm": jnp.linalg.norm(grad),
-        }
-        return self._ascend(state, grad), metrics
+        metrics = {"sigma": sigma, "returns_std": std, "grad_norm": jnp.linalg.norm(grad)}
+        return ascend(self._ascent(), state, grad), metrics

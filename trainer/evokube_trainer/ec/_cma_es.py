@@ -16,13 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from evokube_trainer.ec._base import (
-    EvoOptimizer,
-    fitness_stats,
-    log_rank_weights,
-    resolve_num_elites,
-    top_k_indices,
-)
+from evokube_trainer.ec._base import EvoOptimizer
+from evokube_trainer.ec._parts import log_rank_weights, resolve_num_elites, top_k_indices
 
 _MIN_EIGENVALUE = 1e-20
 
@@ -129,7 +124,7 @@ class CMAES(EvoOptimizer):
         z = jax.random.normal(key, (self.pop_size, self.num_dims), jnp.float32)
         return state.mean + state.sigma * self._color(state, z), state
 
-    def tell(
+    def _tell(
         self, state: CMAESState, population: jax.Array, fitness: jax.Array
     ) -> tuple[CMAESState, dict[str, jax.Array]]:
         c = self._constants()
@@ -166,14 +161,8 @@ class CMAES(EvoOptimizer):
             cov=cov,
             basis=basis,
             scale=scale,
-            generation=state.generation + 1,
         )
-        metrics = {
-            **fitness_stats(fitness),
-            "sigma": sigma,
-            "axis_ratio": scale.max() / scale.min(),
-        }
-        return state, metrics
+        return state, {"sigma": sigma, "axis_ratio": scale.max() / scale.min()}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,13 +18,14 @@ The actors then compete in selection and survive unchanged if they rank among th
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Literal
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from evokube_trainer.ec._base import EvoOptimizer, fitness_stats
+from evokube_trainer.ec._base import EvoOptimizer
 
 
 @struct.dataclass
@@ -77,7 +78,8 @@ class GA(EvoOptimizer):
     slots left unselected with an elite; a flat vector has no rows, so one probability it is.)
 
     The first population is `mean` (member 0) plus members drawn around it with `init_std`;
-    a workflow that initializes networks itself can `state.replace(population=...)`.
+    `seed_population` replaces it by independent draws (the workflows: one network
+    initialization per member, as in ERL). Selection reads the shaped fitness (raw by default).
     """
 
     num_elites: int = 1
@@ -113,10 +115,16 @@ class GA(EvoOptimizer):
         population = (mean + self.init_std * noise).at[0].set(mean)
         return GAState(population=population, key=k_state, generation=jnp.zeros((), jnp.int32))
 
+    def seed_population(
+        self, state: GAState, key: jax.Array, draw: Callable[[jax.Array], jax.Array]
+    ) -> GAState:
+        population = jax.vmap(draw)(jax.random.split(key, self.pop_size))  # [pop, D]
+        return state.replace(population=population)
+
     def ask(self, state: GAState, key: jax.Array) -> tuple[jax.Array, GAState]:
         return state.population, state.replace(key=key)
 
-    def tell(
+    def _tell(
         self, state: GAState, population: jax.Array, fitness: jax.Array
     ) -> tuple[GAState, dict[str, jax.Array]]:
         key, k_select, k_mate, k_cross, k_mutate = jax.random.split(state.key, 5)
@@ -129,9 +137,8 @@ class GA(EvoOptimizer):
             children = self._cross(k_cross, children, population[mates])
         children = self._mutate(k_mutate, children)
         next_population = jnp.concatenate([elites, children])
-        metrics = {**fitness_stats(fitness), "selected_fitness_mean": fitness[parents].mean()}
-        state = state.replace(population=next_population, key=key, generation=state.generation + 1)
-        return state, metrics
+        state = state.replace(population=next_population, key=key)
+        return state, {"selected_fitness_mean": fitness[parents].mean()}
 
     def best(self, state: GAState) -> jax.Array:
         """Member 0: the best of the last population told (the initial mean before any tell)."""

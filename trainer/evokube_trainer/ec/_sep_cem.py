@@ -8,10 +8,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from evokube_trainer.ec._base import (
-    EvoOptimizer,
+from evokube_trainer.ec._base import EvoOptimizer
+from evokube_trainer.ec._parts import (
     check_mirrored,
-    fitness_stats,
     gaussian_noise,
     log_rank_weights,
     resolve_num_elites,
@@ -75,7 +74,7 @@ class SepCEM(EvoOptimizer):
             population = population.at[-1].set(state.elite)
         return population, state
 
-    def tell(
+    def _tell(
         self, state: SepCEMState, population: jax.Array, fitness: jax.Array
     ) -> tuple[SepCEMState, dict[str, jax.Array]]:
         count = resolve_num_elites(self.num_elites, self.pop_size)
@@ -85,12 +84,5 @@ class SepCEM(EvoOptimizer):
         damp = self.tau * state.damp + (1.0 - self.tau) * self.damp_limit
         deviations = elites - state.mean  # [mu, D]
         cov = weights @ (deviations * deviations) / count + damp
-        state = state.replace(
-            mean=weights @ elites,
-            cov=cov,
-            damp=damp,
-            elite=elites[0],
-            generation=state.generation + 1,
-        )
-        metrics = {**fitness_stats(fitness), "cov_mean": cov.mean(), "damp": damp}
-        return state, metrics
+        state = state.replace(mean=weights @ elites, cov=cov, damp=damp, elite=elites[0])
+        return state, {"cov_mean": cov.mean(), "damp": damp}

@@ -13,10 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from evokube_trainer.ec._base import (
-    GaussianSearch,
+from evokube_trainer.ec._base import EvoOptimizer
+from evokube_trainer.ec._parts import (
     ScheduleLike,
-    fitness_stats,
+    check_mirrored,
+    gaussian_population,
     log_rank_weights,
     resolve_num_elites,
     schedule_value,
@@ -31,7 +32,7 @@ class VanillaESState:
 
 
 @dataclasses.dataclass(frozen=True)
-class VanillaES(GaussianSearch):
+class VanillaES(EvoOptimizer):
     """mean <- sum_i w_i x_(i) over the `num_elites` best members (pop // 2 when None).
 
     `elite_weighting="log"` uses w_i ∝ log(num_elites + 0.5) - log(i); "equal" a plain average.
@@ -45,6 +46,7 @@ class VanillaES(GaussianSearch):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_mirrored(self.mirrored, self.pop_size)
         resolve_num_elites(self.num_elites, self.pop_size)
         if self.elite_weighting not in ("log", "equal"):
             raise ValueError(f"elite_weighting must be 'log' or 'equal': {self.elite_weighting}")
@@ -59,15 +61,18 @@ class VanillaES(GaussianSearch):
         del key
         return VanillaESState(mean=self._check_mean(mean), generation=jnp.zeros((), jnp.int32))
 
-    def tell(
+    def ask(self, state: VanillaESState, key: jax.Array) -> tuple[jax.Array, VanillaESState]:
+        sigma = schedule_value(self.sigma, state.generation)
+        return gaussian_population(key, state.mean, sigma, self.pop_size, self.mirrored), state
+
+    def _tell(
         self, state: VanillaESState, population: jax.Array, fitness: jax.Array
     ) -> tuple[VanillaESState, dict[str, jax.Array]]:
         weights = self._weights()  # [mu]
         elites = population[top_k_indices(fitness, weights.shape[0])]  # [mu, D]
-        mean = weights @ elites
+        mean = weights @ elites  # [D]
         metrics = {
-            **fitness_stats(fitness),
             "sigma": schedule_value(self.sigma, state.generation),
             "mean_shift": jnp.linalg.norm(mean - state.mean),
         }
-        return state.replace(mean=mean, generation=state.generation + 1), metrics
+        return state.replace(mean=mean), metrics

@@ -85,7 +85,10 @@ _EC_FIELDS: Mapping[str, Mapping[str, tuple[str, Callable[[Any, int], Any]]]] = 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """Everything one training run needs, derived from one manifest."""
+    """Everything one training run needs, derived from one manifest.
+
+    What depends on the pod (checkpoint location, metrics port, process group) is not here: the
+    trainer reads it from its environment alone (inputs.Inputs)."""
 
     name: str
     namespace: str
@@ -96,12 +99,8 @@ class RunConfig:
     target_fitness: float | None
     max_wall_clock_s: float | None
     eval_interval: int
-    checkpoint_location: str | None
     checkpoint_interval: int
     checkpoint_keep: int
-    metrics_port: int
-    devices_per_host: int
-    hosts: int
     # The manifest's spec as given, kept with every checkpoint to name what changed when a
     # later life of the run cannot restore it.
     spec: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -201,7 +200,7 @@ def _run_config(manifest: Mapping[str, Any]) -> RunConfig:
         else:
             workflow = CEMRLConfig(**common, **rl_common, num_actors=rl["numAgents"])
 
-    stopping, checkpoint, accelerator = spec["stopping"], spec["checkpoint"], spec["accelerator"]
+    stopping, checkpoint = spec["stopping"], spec["checkpoint"]
     return RunConfig(
         name=manifest["metadata"]["name"],
         namespace=manifest["metadata"].get("namespace", "default"),
@@ -212,12 +211,8 @@ def _run_config(manifest: Mapping[str, Any]) -> RunConfig:
         target_fitness=stopping.get("targetFitness"),
         max_wall_clock_s=stopping.get("maxWallClockSeconds"),
         eval_interval=spec["evaluation"]["intervalGenerations"],
-        checkpoint_location=checkpoint.get("location"),
         checkpoint_interval=checkpoint["intervalGenerations"],
         checkpoint_keep=checkpoint["keep"],
-        metrics_port=spec["metricsPort"],
-        devices_per_host=accelerator["devicesPerHost"],
-        hosts=accelerator.get("hosts", 1),
         spec=spec,
         grace_s=float(spec.get("terminationGracePeriodSeconds", 30)),
     )

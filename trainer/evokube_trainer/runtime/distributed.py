@@ -15,6 +15,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from evokube_contract import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+
 log = logging.getLogger(__name__)
 
 
@@ -27,16 +29,19 @@ class ProcessGroup:
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ProcessGroup | None:
         """The group the environment describes, or None for a single process."""
-        address = env.get("JAX_COORDINATOR_ADDRESS")
+        address = env.get(ENV_COORDINATOR)
         if not address:
             return None
         try:
-            count = int(env.get("JAX_NUM_PROCESSES", "1"))
-            index = int(env.get("JAX_PROCESS_ID", "0"))
+            count = int(env.get(ENV_NUM_PROCESSES, "1"))
+            index = int(env.get(ENV_PROCESS_ID, "0"))
         except ValueError as err:
-            raise ValueError(f"JAX_NUM_PROCESSES/JAX_PROCESS_ID must be integers: {err}") from None
+            names = f"{ENV_NUM_PROCESSES}/{ENV_PROCESS_ID}"
+            raise ValueError(f"{names} must be integers: {err}") from None
         if not 0 <= index < count:
-            raise ValueError(f"JAX_PROCESS_ID={index} is outside [0, JAX_NUM_PROCESSES={count})")
+            raise ValueError(
+                f"{ENV_PROCESS_ID}={index} is outside [0, {ENV_NUM_PROCESSES}={count})"
+            )
         return cls(address, count, index)
 
 

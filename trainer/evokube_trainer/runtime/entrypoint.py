@@ -1,11 +1,12 @@
 """`evokube-train`: the trainer process, as the operator runs it in every pod.
 
-Inputs come from the environment (docs/architecture.md): EVOKUBE_MANIFEST,
-JAX_* for the process group, EVOKUBE_CHECKPOINT_DIR, EVOKUBE_METRICS_PORT,
-EVOKUBE_REPORT_STATUS, and EVOKUBE_HISTORY (a second JSON-lines file for
-each generation's metrics; the first is history.jsonl beside the
-checkpoints). The exit code tells the operator what
-to do next: 0 done, 75 restart from checkpoint, 78 give up.
+Inputs come from the environment (docs/architecture.md, read by `inputs.Inputs`):
+EVOKUBE_MANIFEST, JAX_* for the process group, EVOKUBE_CHECKPOINT_DIR,
+EVOKUBE_METRICS_PORT, EVOKUBE_REPORT_STATUS, and EVOKUBE_HISTORY (a second
+JSON-lines file for each generation's metrics; the first is history.jsonl
+beside the checkpoints); everything else, the experiment's name and namespace
+too, from the manifest. The exit code tells the operator what to do next:
+0 done, 75 restart from checkpoint, 78 give up.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import sys
 import tempfile
 
+from evokube_contract import HISTORY_FILE
 from evokube_trainer.runtime import exitcodes
 
 
@@ -57,21 +59,18 @@ def write_termination_message(reason: str) -> None:
 
 def _run(log: logging.Logger) -> int:
     from evokube_trainer.runtime import distributed, manifest
+    from evokube_trainer.runtime.inputs import Inputs
 
-    path = os.environ.get("EVOKUBE_MANIFEST")
-    if not path:
-        log.error("EVOKUBE_MANIFEST is not set")
-        return exitcodes.PERMANENT
+    inputs = Inputs.from_env()
     try:
-        loaded = manifest.load(path)
+        loaded = manifest.load(inputs.manifest)
     except manifest.ManifestError as err:
         log.error("%s", err)
         return exitcodes.PERMANENT
     # Join the group before anything starts a JAX backend (importing the workflows may).
-    group = distributed.ProcessGroup.from_env()
     timeouts = loaded["spec"]["distributed"]
     distributed.initialize(
-        group,
+        inputs.group,
         initialization_timeout_s=timeouts["initializationTimeoutSeconds"],
         heartbeat_timeout_s=timeouts["heartbeatTimeoutSeconds"],
     )
@@ -85,23 +84,20 @@ def _run(log: logging.Logger) -> int:
     except manifest.ManifestError as err:
         log.error("%s", err)
         return exitcodes.PERMANENT
-    checkpoint_dir = os.environ.get("EVOKUBE_CHECKPOINT_DIR") or config.checkpoint_location
+    checkpoint_dir = inputs.checkpoint_dir
     if checkpoint_dir:
         check_checkpoint_dir(checkpoint_dir)
-    process_id = group.process_id if group else 0
-    name = os.environ.get("EVOKUBE_EXPERIMENT", config.name)
-    namespace = os.environ.get("EVOKUBE_NAMESPACE", config.namespace)
     reporter = None
-    if os.environ.get("EVOKUBE_REPORT_STATUS") == "1" and process_id == 0:
-        reporter = StatusReporter(name, namespace)
-    histories = history_recorders(checkpoint_dir) if process_id == 0 else []
+    if inputs.report_status and inputs.process_id == 0:
+        reporter = StatusReporter(config.name, config.namespace)
+    histories = history_recorders(checkpoint_dir, inputs.history) if inputs.process_id == 0 else []
     flags = StopFlags()
     flags.install()
     try:
         outcome = train(
             config,
             checkpoint_dir=checkpoint_dir,
-            metrics_port=int(os.environ.get("EVOKUBE_METRICS_PORT", config.metrics_port)),
+            metrics_port=inputs.metrics_port,
             status_reporter=reporter,
             recorders=histories,
             flags=flags,
@@ -113,19 +109,15 @@ def _run(log: logging.Logger) -> int:
     return outcome.exit_code
 
 
-HISTORY_FILE = "history.jsonl"
-
-
-def history_recorders(checkpoint_dir: str | None) -> list:
+def history_recorders(checkpoint_dir: str | None, extra: str | None = None) -> list:
     """Where process 0 writes history.jsonl: beside the checkpoints (so a cluster run's curve
-    outlives its pods, in a bucket too), and at EVOKUBE_HISTORY when that is elsewhere
+    outlives its pods, in a bucket too), and at `extra` (EVOKUBE_HISTORY) when that is elsewhere
     (`evokube run` follows that file to print progress)."""
     from evokube_trainer.recorders import history_recorder
 
     locations = []
     if checkpoint_dir:
         locations.append(checkpoint_dir.rstrip("/") + "/" + HISTORY_FILE)
-    extra = os.environ.get("EVOKUBE_HISTORY")
     if extra and os.path.abspath(extra) not in map(os.path.abspath, locations):
         locations.append(extra)
     return [history_recorder(location) for location in locations]

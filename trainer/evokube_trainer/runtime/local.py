@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 import yaml
 
+import evokube_contract as contract
 from evokube_trainer.runtime import exitcodes
 from evokube_trainer.runtime.objectstore import is_url
 
@@ -57,31 +58,29 @@ def process_env(
     coordinator_port: int,
     metrics_port: int,
 ) -> dict[str, str]:
-    """The environment of local process `process_id`: what the operator sets in a pod."""
+    """The environment of local process `process_id`: what the operator sets in a pod (the
+    experiment's name and namespace are the manifest's, as in a pod)."""
     spec = manifest["spec"]
     location = (spec.get("checkpoint") or {}).get("location") or ""
     env = {
         **os.environ,
-        "EVOKUBE_MANIFEST": str(run_dir / "experiment.yaml"),
-        "EVOKUBE_EXPERIMENT": manifest["metadata"]["name"],
-        "EVOKUBE_NAMESPACE": manifest["metadata"].get("namespace", "default"),
+        contract.ENV_MANIFEST: str(run_dir / "experiment.yaml"),
         # A bucket location is honoured (checkpoints and XLA cache there); a path is not:
         # everything of a local run stays in its run folder.
-        "EVOKUBE_CHECKPOINT_DIR": location if is_url(location) else str(run_dir),
-        "EVOKUBE_METRICS_PORT": str(metrics_port),
-        "EVOKUBE_HISTORY": str(run_dir / "history.jsonl"),
+        contract.ENV_CHECKPOINT_DIR: location if is_url(location) else str(run_dir),
+        contract.ENV_METRICS_PORT: str(metrics_port),
+        contract.ENV_HISTORY: str(run_dir / contract.HISTORY_FILE),
         "PYTHONUNBUFFERED": "1",
     }
     if processes > 1:
-        env.update(
-            JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{coordinator_port}",
-            JAX_NUM_PROCESSES=str(processes),
-            JAX_PROCESS_ID=str(process_id),
-        )
+        env[contract.ENV_COORDINATOR] = f"127.0.0.1:{coordinator_port}"
+        env[contract.ENV_NUM_PROCESSES] = str(processes)
+        env[contract.ENV_PROCESS_ID] = str(process_id)
     devices = spec["accelerator"]["devicesPerHost"]
     if devices > 1:
-        flags = env.get("XLA_FLAGS", "")
-        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
+        flags = env.get(contract.ENV_XLA_FLAGS, "")
+        flags = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
+        env[contract.ENV_XLA_FLAGS] = flags
     return env
 
 

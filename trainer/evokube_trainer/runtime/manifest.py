@@ -35,8 +35,8 @@ import jsonschema
 import yaml
 from celpy import celtypes
 
-API_VERSION = "evokube.io/v1alpha1"
-KIND = "ERLExperiment"
+from evokube_contract import API_VERSION, KIND
+
 CRD_FILE = "erlexperiments.evokube.io.yaml"
 MAX_FILE_BYTES = 1 << 20  # a manifest is a few KiB
 MAX_DEPTH = 32  # nesting of mappings and sequences; the deepest field (affinity) needs 11

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-log = logging.getLogger(__name__)
+from evokube_contract import GROUP, PLURAL, VERSION
 
-GROUP, VERSION, PLURAL = "evokube.io", "v1alpha1", "erlexperiments"
+log = logging.getLogger(__name__)
 
 
 class NoCredentials(Exception):

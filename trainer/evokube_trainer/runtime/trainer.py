@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import jax
 import numpy as np
 
+from evokube_contract import CHECKPOINTS_SUBDIR, XLA_CACHE_SUBDIR
 from evokube_trainer.recorders import Recorder
 from evokube_trainer.runtime import exitcodes, objectstore
 from evokube_trainer.runtime.checkpoints import Checkpointer, enable_compilation_cache
@@ -210,7 +211,7 @@ def train(
 
     if checkpoint_dir:
         objectstore.prepare(checkpoint_dir)  # a bucket: its libraries, endpoint and access
-        enable_compilation_cache(os.path.join(checkpoint_dir, "xla-cache"))
+        enable_compilation_cache(os.path.join(checkpoint_dir, XLA_CACHE_SUBDIR))
     metrics = TrainerMetrics(config.name, config.namespace, jax.process_index())
     metrics.describe_run(
         algorithm=type(config.workflow).__name__,
@@ -229,7 +230,7 @@ def train(
     record = _layout_record(config)
     if checkpoint_dir:
         checkpointer = Checkpointer(
-            os.path.join(checkpoint_dir, "checkpoints"),
+            os.path.join(checkpoint_dir, CHECKPOINTS_SUBDIR),
             interval=config.checkpoint_interval,
             keep=config.checkpoint_keep,
         )

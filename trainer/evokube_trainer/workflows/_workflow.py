@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from evokube_trainer.ec import EvoOptimizer, GAState
+from evokube_trainer.ec import EvoOptimizer
 from evokube_trainer.envs import Env
 from evokube_trainer.recorders import Recorder
 from evokube_trainer.replay import ReplayBuffer, ReplayState, Transition
@@ -107,11 +107,10 @@ class Workflow:
         key, mean_key, ec_key, pop_key, learner_key, warmup_key = jax.random.split(key, 6)
         mean = self.flatten(self.init_params(mean_key))  # [D]
         ec_state = self.optimizer.init(ec_key, mean)
-        if isinstance(ec_state, GAState):
-            # A GA population starts as independent network initializations (as in ERL).
-            pop_keys = jax.random.split(pop_key, self.optimizer.pop_size)
-            population = jax.vmap(lambda k: self.flatten(self.init_params(k)))(pop_keys)
-            ec_state = ec_state.replace(population=population)  # [pop, D]
+        # Independent network initializations, for an optimizer that keeps a population (ERL's GA).
+        ec_state = self.optimizer.seed_population(
+            ec_state, pop_key, lambda k: self.flatten(self.init_params(k))
+        )
         state = WorkflowState(
             generation=jnp.zeros((), jnp.int32),
             env_steps=jnp.zeros((), jnp.int32),

@@ -1,0 +1,78 @@
+"""The operator/trainer contract of docs/architecture.md: every name and number both halves use.
+
+The operator (operator/evokube_operator, through its `api` module) and the trainer
+(trainer/evokube_trainer) import these constants and nothing else of each other, and the tests
+check docs/architecture.md's tables against them. Standard library only: the operator image has
+no JAX, and importing this must stay free.
+
+Each value reaches the trainer by exactly one channel:
+
+- the manifest (the pod's MANIFEST_ANNOTATION, a downwardAPI file at MANIFEST_PATH): what the
+  user wrote, including the experiment's name and namespace (its metadata);
+- the environment (ENV_VARS): what depends on the pod, the attempt or the operator's settings
+  (process id and count, coordinator, resolved checkpoint location, metrics port, ...).
+"""
+
+from typing import Final
+
+# -- the ERLExperiment API ----------------------------------------------------------------
+GROUP: Final = "evokube.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "ERLExperiment"
+PLURAL: Final = "erlexperiments"
+
+# -- labels and annotations of the trainer pods ----------------------------------------------
+LABEL_EXPERIMENT: Final = "evokube.io/experiment"  # the owning experiment's name
+LABEL_ATTEMPT: Final = "evokube.io/attempt"  # gang attempt number (Jobs and pods)
+# The manifest travels in this pod-template annotation; a downwardAPI volume mounts it at
+# MANIFEST_PATH, so every host of one gang reads the same manifest.
+MANIFEST_ANNOTATION: Final = "evokube.io/manifest"
+# Kubernetes' own: an Indexed Job's pod's index, the trainer's process id.
+COMPLETION_INDEX_ANNOTATION: Final = "batch.kubernetes.io/job-completion-index"
+
+# -- the trainer container and its files --------------------------------------------------------
+CONTAINER: Final = "trainer"
+TRAINER_COMMAND: Final = ("evokube-train",)
+MANIFEST_DIR: Final = "/etc/evokube"
+MANIFEST_FILE: Final = "experiment.yaml"
+MANIFEST_PATH: Final = f"{MANIFEST_DIR}/{MANIFEST_FILE}"
+# The root filesystem is read-only: an emptyDir here is the trainer's scratch space and its HOME.
+SCRATCH_DIR: Final = "/tmp"
+# Under the checkpoint location: Orbax's checkpoints, the XLA cache, process 0's history.
+CHECKPOINTS_SUBDIR: Final = "checkpoints"
+XLA_CACHE_SUBDIR: Final = "xla-cache"
+HISTORY_FILE: Final = "history.jsonl"
+
+# -- environment variables (docs/architecture.md's table, in its order) -------------------------
+ENV_MANIFEST: Final = "EVOKUBE_MANIFEST"  # MANIFEST_PATH
+ENV_COORDINATOR: Final = "JAX_COORDINATOR_ADDRESS"
+ENV_NUM_PROCESSES: Final = "JAX_NUM_PROCESSES"
+ENV_PROCESS_ID: Final = "JAX_PROCESS_ID"  # COMPLETION_INDEX_ANNOTATION
+ENV_CHECKPOINT_DIR: Final = "EVOKUBE_CHECKPOINT_DIR"  # status.checkpointLocation
+ENV_METRICS_PORT: Final = "EVOKUBE_METRICS_PORT"
+ENV_XLA_FLAGS: Final = "XLA_FLAGS"
+ENV_TPU_WORKER_ID: Final = "TPU_WORKER_ID"  # read by libtpu, not by evokube
+ENV_TPU_WORKER_HOSTNAMES: Final = "TPU_WORKER_HOSTNAMES"  # read by libtpu, not by evokube
+ENV_REPORT_STATUS: Final = "EVOKUBE_REPORT_STATUS"  # "1": process 0 patches status.progress
+ENV_HOME: Final = "HOME"  # SCRATCH_DIR: writable, unlike the image's home
+ENV_HISTORY: Final = "EVOKUBE_HISTORY"  # set by `evokube run` only
+ENV_VARS: Final = (
+    ENV_MANIFEST,
+    ENV_COORDINATOR,
+    ENV_NUM_PROCESSES,
+    ENV_PROCESS_ID,
+    ENV_CHECKPOINT_DIR,
+    ENV_METRICS_PORT,
+    ENV_XLA_FLAGS,
+    ENV_TPU_WORKER_ID,
+    ENV_TPU_WORKER_HOSTNAMES,
+    ENV_REPORT_STATUS,
+    ENV_HOME,
+    ENV_HISTORY,
+)
+
+# -- exit codes of the trainer -------------------------------------------------------------------
+EXIT_SUCCESS: Final = 0  # a stopping criterion was met
+EXIT_RETRIABLE: Final = 75  # EX_TEMPFAIL: preempted, peer lost, infrastructure error
+EXIT_PERMANENT: Final = 78  # EX_CONFIG: bad manifest or configuration, diverged

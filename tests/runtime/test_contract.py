@@ -1,0 +1,182 @@
+"""The operator/trainer contract (evokube_contract) holds end to end.
+
+The operator's pod, rendered by its own builders, is handed to the trainer's own reader: the
+environment with its downward-API fields resolved for a fake pod, the manifest file the
+downwardAPI volume would mount. Both halves must see the same experiment, process group,
+checkpoint location and ports, and docs/architecture.md must list exactly the contract.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import evokube_contract as contract
+from evokube_operator import builders
+from evokube_operator.spec import parse_spec
+from evokube_trainer.runtime import local, manifest
+from evokube_trainer.runtime.config import to_run_config
+from evokube_trainer.runtime.distributed import ProcessGroup
+from evokube_trainer.runtime.exitcodes import PERMANENT, RETRIABLE, SUCCESS, PermanentError
+from evokube_trainer.runtime.inputs import Inputs
+from tests.operator.factories import TPU, experiment
+
+ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
+_FIELD = re.compile(r"metadata\.(annotations|labels)\['([^']+)'\]\Z")
+
+
+def _field(pod_meta: dict, path: str) -> str:
+    """A downward-API fieldRef's value for a pod with metadata `pod_meta`."""
+    match = _FIELD.match(path)
+    if match:
+        return pod_meta[match.group(1)][match.group(2)]
+    assert path in ("metadata.name", "metadata.namespace"), path
+    return pod_meta[path.split(".")[1]]
+
+
+def pod_as_trainer_sees_it(job: dict, index: int, root: Path) -> dict[str, str]:
+    """The trainer container's environment in pod `index` of `job`, with its downwardAPI
+    volumes written under `root` and the variables naming them pointed there."""
+    template = job["spec"]["template"]
+    pod_meta = {
+        "name": f"{job['metadata']['name']}-{index}-abcde",
+        "namespace": job["metadata"]["namespace"],
+        "labels": dict(template["metadata"]["labels"]),
+        "annotations": {
+            **template["metadata"]["annotations"],
+            contract.COMPLETION_INDEX_ANNOTATION: str(index),
+        },
+    }
+    (container,) = template["spec"]["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    moved = {}
+    for volume in template["spec"]["volumes"]:
+        if "downwardAPI" not in volume:
+            continue
+        mount = mounts[volume["name"]]
+        moved[mount] = str(root / mount.lstrip("/"))
+        for item in volume["downwardAPI"]["items"]:
+            target = root / mount.lstrip("/") / item["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(_field(pod_meta, item["fieldRef"]["fieldPath"]))
+    env = {}
+    for var in container["env"]:
+        if "valueFrom" in var:
+            value = _field(pod_meta, var["valueFrom"]["fieldRef"]["fieldPath"])
+        else:
+            value = var["value"]
+        for mount, there in moved.items():
+            if value.startswith(mount + "/"):
+                value = there + value[len(mount) :]
+        env[var["name"]] = value
+    return env
+
+
+def _ports(job: dict) -> dict[str, int]:
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    return {p["name"]: p["containerPort"] for p in container["ports"]}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "index"),
+    [
+        ({"accelerator": {"type": "cpu", "hosts": 2, "devicesPerHost": 4}}, 1),
+        ({"accelerator": {"type": "cpu", "devicesPerHost": 1}}, 0),
+        ({"accelerator": TPU, "checkpoint": {"location": "gs://bucket/runs/demo"}}, 3),
+        ({"metricsPort": 9200, "coordinatorPort": 9300, "env": [{"name": "A", "value": "b"}]}, 0),
+    ],
+)
+def test_the_trainer_reads_what_the_operator_meant(tmp_path, overrides, index):
+    exp = experiment(name="demo", namespace="team-a", **overrides)
+    spec = parse_spec(exp.spec)
+    attempt = 2
+    job = builders.job(exp, spec, attempt)
+    env = pod_as_trainer_sees_it(job, index, tmp_path)
+    operators = [v["name"] for v in builders.trainer_env(exp, spec, attempt)]
+    assert set(operators) <= set(contract.ENV_VARS)
+
+    inputs = Inputs.from_env(env)
+    config = to_run_config(manifest.load(inputs.manifest))
+    assert (config.name, config.namespace) == ("demo", "team-a")
+    assert inputs.group == ProcessGroup(
+        builders.coordinator_address("demo", attempt, spec.coordinator_port),
+        spec.accelerator.hosts,
+        index,
+    )
+    assert inputs.process_id == index
+    assert inputs.group.coordinator_address.endswith(f":{_ports(job)['coordinator']}")
+    assert inputs.checkpoint_dir == spec.checkpoint_location
+    assert inputs.metrics_port == spec.metrics_port == _ports(job)["metrics"]
+    assert inputs.report_status
+    assert inputs.history is None
+    if contract.ENV_TPU_WORKER_ID in env:
+        assert env[contract.ENV_TPU_WORKER_ID] == str(index)
+
+
+def test_evokube_run_gives_its_processes_what_a_pod_gets(tmp_path):
+    exp = experiment(name="demo", namespace="team-a")
+    raw = {"metadata": {"name": "demo", "namespace": "team-a"}, "spec": dict(exp.spec)}
+    raw["spec"]["accelerator"] = {"type": "cpu", "hosts": 2, "devicesPerHost": 2}
+    env = local.process_env(raw, tmp_path, 2, 1, coordinator_port=1234, metrics_port=5678)
+    inputs = Inputs.from_env(env)
+    assert inputs.manifest == str(tmp_path / contract.MANIFEST_FILE)
+    assert inputs.group == ProcessGroup("127.0.0.1:1234", 2, 1)
+    assert (inputs.checkpoint_dir, inputs.metrics_port) == (str(tmp_path), 5678)
+    assert inputs.history == str(tmp_path / contract.HISTORY_FILE)
+    assert not inputs.report_status
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({}, "EVOKUBE_MANIFEST is not set"),
+        ({"EVOKUBE_MANIFEST": "m", "EVOKUBE_METRICS_PORT": "http"}, "http"),
+        (
+            {"EVOKUBE_MANIFEST": "m", "JAX_COORDINATOR_ADDRESS": "h:1", "JAX_PROCESS_ID": "2"},
+            "outside",
+        ),
+    ],
+)
+def test_a_bad_environment_is_permanent(env, message):
+    with pytest.raises(PermanentError, match=message):
+        Inputs.from_env(env)
+
+
+def _table(heading: str) -> list[list[str]]:
+    """The rows (cells) of the first table after `heading` in docs/architecture.md."""
+    lines = ARCHITECTURE.read_text().split(heading, 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_the_docs_list_exactly_the_contracts_environment():
+    names = [name for row in _table("## The contract") for name in re.findall(r"`(\w+)`", row[0])]
+    assert names == list(contract.ENV_VARS)
+
+
+def test_the_docs_list_exactly_the_contracts_exit_codes():
+    codes = {
+        int(match.group())
+        for row in _table("### Exit codes")
+        if (match := re.match(r"\d+", row[0]))
+    }
+    assert codes == {contract.EXIT_SUCCESS, contract.EXIT_RETRIABLE, contract.EXIT_PERMANENT}
+    assert (SUCCESS, RETRIABLE, PERMANENT) == (0, 75, 78)
+
+
+def test_the_contract_imports_nothing_but_the_standard_library():
+    probe = "import sys, evokube_contract; print(' '.join(sorted(sys.modules)))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.split()
+    heavy = {"jax", "yaml", "kopf", "kubernetes", "evokube_operator", "evokube_trainer"}
+    assert heavy.isdisjoint(loaded)

@@ -1,0 +1,58 @@
+"""What the trainer reads from its environment: its half of evokube_contract, in one place.
+
+The operator sets these variables on every pod (builders.trainer_env), `evokube run` on every
+local process (local.process_env). Everything else comes from the manifest at `manifest`:
+what the user wrote, and the experiment's name and namespace (its metadata).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from evokube_contract import (
+    ENV_CHECKPOINT_DIR,
+    ENV_HISTORY,
+    ENV_MANIFEST,
+    ENV_METRICS_PORT,
+    ENV_REPORT_STATUS,
+)
+from evokube_trainer.runtime.distributed import ProcessGroup
+from evokube_trainer.runtime.exitcodes import PermanentError
+
+
+@dataclass(frozen=True)
+class Inputs:
+    manifest: str  # path of the ERLExperiment YAML
+    group: ProcessGroup | None  # None: a single process (or a TPU slice JAX finds itself)
+    checkpoint_dir: str | None  # path, gs:// or s3://; None: no checkpoints
+    metrics_port: int | None  # None or 0: no /metrics server
+    report_status: bool  # process 0 patches status.progress
+    history: str | None  # a second history.jsonl (`evokube run`)
+
+    @property
+    def process_id(self) -> int:
+        return self.group.process_id if self.group else 0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Inputs:
+        """The inputs `env` gives; PermanentError where they are missing or malformed (a restart
+        gets the same environment)."""
+        manifest = env.get(ENV_MANIFEST)
+        if not manifest:
+            raise PermanentError(f"{ENV_MANIFEST} is not set")
+        try:
+            group = ProcessGroup.from_env(env)
+            port = env.get(ENV_METRICS_PORT)
+            metrics_port = int(port) if port else None
+        except ValueError as err:
+            raise PermanentError(str(err)) from None
+        return cls(
+            manifest=manifest,
+            group=group,
+            checkpoint_dir=env.get(ENV_CHECKPOINT_DIR) or None,
+            metrics_port=metrics_port,
+            report_status=env.get(ENV_REPORT_STATUS) == "1",
+            history=env.get(ENV_HISTORY) or None,
+        )
