@@ -25,12 +25,9 @@ from typing import Any
 import yaml
 
 from evokube_operator import api, placement
+from evokube_operator.policies import failure
 from evokube_operator.spec import Accelerator, Experiment, ExperimentSpec
-
-# Indices of the Job's pod failure policy rules; the failure policy reads them
-# back from the Job's Failed condition when the pods themselves are gone.
-RULE_PERMANENT_EXIT = 0
-RULE_DISRUPTION = 1
+from evokube_operator.util import plain
 
 
 # -- names -------------------------------------------------------------------------
@@ -382,28 +379,6 @@ def gang_key(exp: Experiment, attempt: int) -> str:
     return placement.gang_key(exp.namespace, job_name(exp.name, attempt))
 
 
-def pod_failure_policy() -> dict[str, Any]:
-    """Exit code 78 and disruptions fail the Job at once, with a reason saying which.
-
-    Any other failure fails it too (backoffLimit 0): a jax.distributed group
-    cannot take a replacement host, so the operator restarts the whole gang.
-    """
-    rules: list[dict[str, Any]] = [{}, {}]
-    rules[RULE_PERMANENT_EXIT] = {
-        "action": "FailJob",
-        "onExitCodes": {
-            "containerName": api.CONTAINER,
-            "operator": "In",
-            "values": [api.EXIT_PERMANENT],
-        },
-    }
-    rules[RULE_DISRUPTION] = {
-        "action": "FailJob",
-        "onPodConditions": [{"type": api.DISRUPTION_TARGET, "status": "True"}],
-    }
-    return {"rules": rules}
-
-
 def _tolerations(spec: ExperimentSpec) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = accelerator_tolerations(spec.accelerator)
     for toleration in spec.tolerations:
@@ -493,7 +468,7 @@ def job(
         "completions": acc.hosts,
         "parallelism": acc.hosts,
         "backoffLimit": 0,
-        "podFailurePolicy": pod_failure_policy(),
+        "podFailurePolicy": failure.pod_failure_policy(),
         "template": {"metadata": template_meta, "spec": pod_spec},
     }
     if active_deadline_seconds is not None:
@@ -509,12 +484,3 @@ def job(
         },
         "spec": job_spec,
     }
-
-
-def plain(value: Any) -> Any:
-    """A deep copy in plain dicts and lists (YAML- and JSON-safe, free of Kopf's views)."""
-    if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain(v) for v in value]
-    return value

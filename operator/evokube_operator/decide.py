@@ -26,7 +26,7 @@ from evokube_operator import api, builders
 from evokube_operator import conditions as cond
 from evokube_operator.observe import JobEvent, JobView, PodView, QueueView, gang_pods
 from evokube_operator.ownership import Blocker
-from evokube_operator.policies import deadline, failure, startup, success, ttl
+from evokube_operator.policies import deadline, failure, startup, success, timer
 from evokube_operator.spec import (
     Experiment,
     ExperimentSpec,
@@ -249,7 +249,7 @@ def decide(
     status, events = old, cast(tuple[Event, ...], ())
     if status.phase == api.SUSPENDED:
         status, events = _resume(step, status)
-    left = deadline.remaining(parse_time(status.start_time), spec.active_deadline_seconds, obs.now)
+    left = timer.remaining(parse_time(status.start_time), spec.active_deadline_seconds, obs.now)
     if left is not None and left <= 0:
         message = f"active for more than activeDeadlineSeconds ({spec.active_deadline_seconds}s)"
         return _fail(step, status, api.REASON_DEADLINE, message, spec, events)
@@ -341,7 +341,7 @@ def _start(step: _Step, status: Status, spec: ExperimentSpec, events=()) -> Plan
         events = (*events, Event("Normal", api.REASON_UNBLOCKED, unblocked))
     status = replace(status, conditions=conditions)
     start_at, now = parse_time(start), step.obs.now
-    requeue = deadline.remaining(start_at, spec.active_deadline_seconds, now)
+    requeue = timer.remaining(start_at, spec.active_deadline_seconds, now)
     job_deadline = deadline.job_deadline(start_at, spec.active_deadline_seconds, now)
     if waiting:
         wait = WAIT_FOR_PODS_REQUEUE_SECONDS
@@ -404,7 +404,7 @@ def _blocked(
         checkpoint_location=spec.checkpoint_location,
         conditions=conditions,
     )
-    left = deadline.remaining(
+    left = timer.remaining(
         parse_time(status.start_time), spec.active_deadline_seconds, step.obs.now
     )
     requeue = BLOCKED_REQUEUE_SECONDS if left is None else min(BLOCKED_REQUEUE_SECONDS, left)
@@ -470,7 +470,7 @@ def _fail(
         status,
         events=(*events, Event("Warning", reason, message)),
         delete_jobs=step.unfinished_jobs() if stop else (),
-        requeue_after=ttl.remaining(
+        requeue_after=timer.remaining(
             step.obs.now, spec.ttl_seconds_after_finished if spec else None, step.obs.now
         ),
         spec=spec,
@@ -496,7 +496,7 @@ def _succeed(step: _Step, status: Status, spec: ExperimentSpec, job: JobView, ev
         status,
         events=(*events, Event("Normal", api.REASON_COMPLETED, message)),
         delete_jobs=step.live_jobs(keep=job.name),
-        requeue_after=ttl.remaining(
+        requeue_after=timer.remaining(
             parse_time(completed), spec.ttl_seconds_after_finished, step.obs.now
         ),
         spec=spec,
@@ -731,7 +731,7 @@ def _finished(step: _Step, status: Status) -> Plan:
     except SpecError:
         ttl_seconds = step.exp.spec.get("ttlSecondsAfterFinished")
         ttl_seconds = ttl_seconds if isinstance(ttl_seconds, int) else None
-    left = ttl.remaining(parse_time(status.completion_time), ttl_seconds, step.obs.now)
+    left = timer.remaining(parse_time(status.completion_time), ttl_seconds, step.obs.now)
     status = replace(status, observed_generation=step.exp.generation)
     if left is not None and left <= 0:
         message = f"finished more than ttlSecondsAfterFinished ({ttl_seconds}s) ago: deleting"

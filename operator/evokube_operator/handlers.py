@@ -25,7 +25,6 @@ from typing import Any
 import kopf
 
 from evokube_operator import api
-from evokube_operator.builders import plain
 from evokube_operator.controller import Controller, Indices
 from evokube_operator.kube import Kube
 from evokube_operator.leader import Elector, FencedKube, new_identity
@@ -33,6 +32,7 @@ from evokube_operator.metrics import Metrics, Server
 from evokube_operator.observe import JobView, PodView
 from evokube_operator.options import Options, client_configuration
 from evokube_operator.reconcile import Reconciler
+from evokube_operator.util import plain
 
 OWNED = {api.LABEL_EXPERIMENT: kopf.PRESENT}
 STOP_SECONDS = 10.0  # for the reconciles in flight at shutdown, before the Lease is released

@@ -47,6 +47,7 @@ from typing import Any, Final
 
 # libtpu's (and JAX's GkeTpuCluster's) view of the slice's hosts.
 from evokube_contract import ENV_TPU_WORKER_HOSTNAMES, ENV_TPU_WORKER_ID
+from evokube_operator.util import plain
 
 # The pod label naming a gang (one Job): sha1("<namespace>/<job>") in hex, 40 characters.
 GANG_LABEL: Final = "evokube.io/gang"
@@ -107,7 +108,7 @@ def pod_affinity(
     Every term of the user's is kept; ours are appended to the required pod affinity
     and anti-affinity lists, so both must hold. None when there is nothing to set.
     """
-    out = _plain(user) if user else {}
+    out = plain(user) if user else {}
     if topology_key is None:
         return out or None
     together, alone = exclusive_terms(gang, topology_key)
@@ -128,11 +129,3 @@ def tpu_worker_env(job: str, service: str, hosts: int, index_field: str) -> list
         {"name": ENV_TPU_WORKER_ID, "valueFrom": {"fieldRef": {"fieldPath": index_field}}},
         {"name": ENV_TPU_WORKER_HOSTNAMES, "value": worker_hostnames(job, service, hosts)},
     ]
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value

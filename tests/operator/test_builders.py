@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from evokube_operator import api, builders
+from evokube_operator.policies import failure
 from evokube_operator.spec import parse_spec
 from tests.operator.factories import GPU, TPU, experiment
 
@@ -109,11 +110,11 @@ def test_the_job_is_one_indexed_all_or_nothing_gang():
     assert job["metadata"]["name"] == "demo-2"
     assert job["metadata"]["labels"][api.LABEL_ATTEMPT] == "2"
     rules = spec["podFailurePolicy"]["rules"]
-    assert rules[builders.RULE_PERMANENT_EXIT] == {
+    assert rules[failure.RULE_PERMANENT_EXIT] == {
         "action": "FailJob",
         "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [78]},
     }
-    assert rules[builders.RULE_DISRUPTION] == {
+    assert rules[failure.RULE_DISRUPTION] == {
         "action": "FailJob",
         "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
     }

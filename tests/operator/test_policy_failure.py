@@ -2,7 +2,7 @@
 
 import pytest
 
-from evokube_operator import api, builders
+from evokube_operator import api
 from evokube_operator.policies import failure
 from tests.operator.factories import job, pod
 
@@ -44,12 +44,12 @@ POLICY_MESSAGE = (
         ),
         (
             [],
-            ("PodFailurePolicy", POLICY_MESSAGE.format(builders.RULE_PERMANENT_EXIT)),
+            ("PodFailurePolicy", POLICY_MESSAGE.format(failure.RULE_PERMANENT_EXIT)),
             failure.PERMANENT,
         ),
         (
             [],
-            ("PodFailurePolicy", POLICY_MESSAGE.format(builders.RULE_DISRUPTION)),
+            ("PodFailurePolicy", POLICY_MESSAGE.format(failure.RULE_DISRUPTION)),
             failure.DISRUPTION,
         ),
     ],

@@ -4,7 +4,7 @@ from datetime import timedelta
 
 import pytest
 
-from evokube_operator.policies import deadline, ttl
+from evokube_operator.policies import deadline, timer
 from tests.operator.factories import NOW
 
 
@@ -14,7 +14,7 @@ from tests.operator.factories import NOW
 )
 def test_deadline_remaining(started_ago, limit, left):
     start = None if started_ago is None else NOW - timedelta(seconds=started_ago)
-    assert deadline.remaining(start, limit, NOW) == left
+    assert timer.remaining(start, limit, NOW) == left
 
 
 def test_a_new_job_gets_what_is_left_of_the_deadline_rounded_up():
@@ -30,4 +30,4 @@ def test_a_new_job_gets_what_is_left_of_the_deadline_rounded_up():
 )
 def test_ttl_remaining(finished_ago, limit, left):
     finished = None if finished_ago is None else NOW - timedelta(seconds=finished_ago)
-    assert ttl.remaining(finished, limit, NOW) == left
+    assert timer.remaining(finished, limit, NOW) == left

@@ -3,5 +3,5 @@
 failure: what a failed gang means (restart, preemption, or the end).
 success: when a gang has finished training.
 deadline: spec.activeDeadlineSeconds.
-ttl: spec.ttlSecondsAfterFinished.
+timer: seconds left of a limit (the deadline, spec.ttlSecondsAfterFinished).
 """

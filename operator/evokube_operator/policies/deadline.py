@@ -11,12 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-
-def remaining(start: datetime | None, deadline_seconds: int | None, now: datetime) -> float | None:
-    """Seconds left (<= 0: exceeded), or None without a deadline or before the start."""
-    if deadline_seconds is None or start is None:
-        return None
-    return deadline_seconds - (now - start).total_seconds()
+from evokube_operator.policies.timer import remaining
 
 
 def job_deadline(start: datetime | None, deadline_seconds: int | None, now: datetime) -> int | None:

@@ -20,9 +20,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from evokube_operator import api
-from evokube_operator.builders import RULE_DISRUPTION, RULE_PERMANENT_EXIT
 from evokube_operator.observe import JobView, PodView
 
 PERMANENT = "permanent"
@@ -30,7 +30,33 @@ DISRUPTION = "disruption"
 RETRIABLE = "retriable"
 DEADLINE = "deadline"
 
+# Indices of the Job's pod failure policy rules (pod_failure_policy); read back from the Job's
+# Failed condition when the pods themselves are gone.
+RULE_PERMANENT_EXIT = 0
+RULE_DISRUPTION = 1
 _RULE_INDEX = re.compile(r"rule at index (\d+)")
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """Exit code 78 and disruptions fail the Job at once, with a reason saying which.
+
+    Any other failure fails it too (backoffLimit 0): a jax.distributed group
+    cannot take a replacement host, so the operator restarts the whole gang.
+    """
+    rules: list[dict[str, Any]] = [{}, {}]
+    rules[RULE_PERMANENT_EXIT] = {
+        "action": "FailJob",
+        "onExitCodes": {
+            "containerName": api.CONTAINER,
+            "operator": "In",
+            "values": [api.EXIT_PERMANENT],
+        },
+    }
+    rules[RULE_DISRUPTION] = {
+        "action": "FailJob",
+        "onPodConditions": [{"type": api.DISRUPTION_TARGET, "status": "True"}],
+    }
+    return {"rules": rules}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,15 @@
+"""Small helpers shared by the builders, placement and the Kopf handlers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def plain(value: Any) -> Any:
+    """A deep copy in plain dicts and lists (YAML- and JSON-safe, free of Kopf's views)."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
