@@ -1,7 +1,7 @@
 """Operator at scale: N experiments of 4 CPU hosts each on the kwok test control plane.
 
-    .venv/bin/python benchmarks/operator_scale.py --experiments 100 500
-    .venv/bin/python benchmarks/operator_scale.py --experiments 1000 --timeout 900 \
+    .venv/bin/python -m benchmarks.operator_scale --experiments 100 500
+    .venv/bin/python -m benchmarks.operator_scale --experiments 1000 --timeout 900 \
         --operator-args --workers 16
 
 For each N the script starts a fresh test control plane (tests/cluster), adds fake CPU nodes
@@ -39,10 +39,8 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.cluster.controlplane import ControlPlane, fake_node, free_port, wait_until  # noqa: E402
+from benchmarks._common import REPO, load, print_header, print_row
+from tests.cluster.controlplane import ControlPlane, fake_node, free_port, wait_until
 
 GROUP, VERSION, PLURAL = "evokube.io", "v1alpha1", "erlexperiments"
 NAMESPACE = "scale"
@@ -271,7 +269,7 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
         for other in others.values():
             other.start()
         requests_before = sum(apiserver_writes(plane, every=True).values())
-        load_start = os.getloadavg()[0]
+        load_start = load()
 
         from kubernetes import client
 
@@ -321,7 +319,7 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
         cpu_s, wall_s = sampler.stop()
         other_cpu = {name: other.stop()[0] / wall_s for name, other in others.items()}
         api_rate = (sum(apiserver_writes(plane, every=True).values()) - requests_before) / wall_s
-        load_end = os.getloadavg()[0]
+        load_end = load()
         stop.set()
         for api in api_clients:
             api.close()
@@ -399,7 +397,7 @@ def main(argv=None) -> None:
         "--operator-args", nargs=argparse.REMAINDER, default=[], help="passed to the operator"
     )
     args = parser.parse_args(argv)
-    print(f"# {os.cpu_count()} CPUs; load average at start {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"# {os.cpu_count()} CPUs; load average at start {load():.2f}", flush=True)
     print(f"# operator args: {' '.join(args.operator_args) or '(defaults)'}", flush=True)
     print(f"# kube-controller-manager QPS: {args.controller_manager_qps or '20 (default)'}")
     rows = []
@@ -407,29 +405,43 @@ def main(argv=None) -> None:
         row = run_scale(n, args)
         rows.append(row)
         print("# " + json.dumps(row), flush=True)
-    print(
-        "| N | creates/s | Job p50 / p99 / max s | reached Running | Running p50 / p99 / max s "
-        "| operator peak RSS MiB | operator CPU s (share) | reconciles / errors "
-        "| operator API requests per exp. | erlexperiments writes per exp. "
-        "| reconciles per progress patch | API server req/s (all clients) "
-        "| control plane CPU (share of one core) | load |"
+    print_header(
+        "N",
+        "creates/s",
+        "Job p50 / p99 / max s",
+        "reached Running",
+        "Running p50 / p99 / max s",
+        "operator peak RSS MiB",
+        "operator CPU s (share)",
+        "reconciles / errors",
+        "operator API requests per exp.",
+        "erlexperiments writes per exp.",
+        "reconciles per progress patch",
+        "API server req/s (all clients)",
+        "control plane CPU (share of one core)",
+        "load",
     )
-    print("|" + "---|" * 14)
     for r in rows:
         req = ", ".join(f"{k} {v:.2f}" for k, v in r["requests"].items())
         writes = ", ".join(f"{k} {v:.2f}" for k, v in r["exp_writes"].items())
         cpu = ", ".join(f"{k} {v:.0%}" for k, v in r["control_plane_cpu"].items())
-        print(
-            f"| {r['n']} | {r['create_rate']:.0f} "
-            f"| {r['job_p50']:.2f} / {r['job_p99']:.2f} / {r['job_max']:.2f} "
-            f"| {r['running']}/{r['n']} "
-            f"| {r['run_p50']:.1f} / {r['run_p99']:.1f} / {r['run_max']:.1f} "
-            f"| {r['rss_mib']:.0f} | {r['cpu_s']:.0f} ({r['cpu_share']:.0%}) "
-            f"| {r['reconciles']:.0f} / {r['errors']:.0f} | {req} | {writes} "
-            f"| {r['progress_reconciles']:.2f} | {r['api_requests_per_s']:.0f} "
-            f"| {cpu} | {r['load']} |"
+        print_row(
+            r["n"],
+            f"{r['create_rate']:.0f}",
+            f"{r['job_p50']:.2f} / {r['job_p99']:.2f} / {r['job_max']:.2f}",
+            f"{r['running']}/{r['n']}",
+            f"{r['run_p50']:.1f} / {r['run_p99']:.1f} / {r['run_max']:.1f}",
+            f"{r['rss_mib']:.0f}",
+            f"{r['cpu_s']:.0f} ({r['cpu_share']:.0%})",
+            f"{r['reconciles']:.0f} / {r['errors']:.0f}",
+            req,
+            writes,
+            f"{r['progress_reconciles']:.2f}",
+            f"{r['api_requests_per_s']:.0f}",
+            cpu,
+            r["load"],
         )
-    print(f"# load average at end {os.getloadavg()[0]:.2f}")
+    print(f"# load average at end {load():.2f}")
 
 
 if __name__ == "__main__":

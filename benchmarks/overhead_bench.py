@@ -1,7 +1,7 @@
 """Overhead budget: one generation against its parts run alone (rollouts, RL updates).
 
-    .venv/bin/python -W ignore benchmarks/overhead_bench.py                    # Pendulum
-    .venv/bin/python -W ignore benchmarks/overhead_bench.py --envs halfcheetah --generations 2
+    .venv/bin/python -W ignore -m benchmarks.overhead_bench                    # Pendulum
+    .venv/bin/python -W ignore -m benchmarks.overhead_bench --envs halfcheetah --generations 2
 
 For each configuration (trainer_bench.py's) the script jits and times, on the same state:
 
@@ -25,16 +25,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, os.path.dirname(__file__))
-from config_flags import add_config_arguments
-from trainer_bench import ENVS, build_config
-
+from benchmarks._common import load, print_header, print_row
+from benchmarks.config_flags import add_config_arguments
+from benchmarks.trainer_bench import ENVS, build_config
 from evokube_trainer.workflows import jit_workflow, make_workflow
 
 
@@ -120,24 +118,35 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     print(
         f"# jax {jax.__version__}, {os.cpu_count()} CPUs; load average at start "
-        f"{os.getloadavg()[0]:.2f}; median of {args.generations} calls; replay capacity "
+        f"{load():.2f}; median of {args.generations} calls; replay capacity "
         f"{args.replay_capacity:,}"
     )
-    print(
-        "| algorithm | env | generation s | rollouts s | updates s | ask+tell s | overhead "
-        "| overhead incl. EC | load |"
+    print_header(
+        "algorithm",
+        "env",
+        "generation s",
+        "rollouts s",
+        "updates s",
+        "ask+tell s",
+        "overhead",
+        "overhead incl. EC",
+        "load",
     )
-    print("|" + "---|" * 9)
     for env_name in args.envs:
         for algo in args.algos:
             r = bench(algo, env_name, args)
-            print(
-                f"| {r['algo']} | {r['env']} | {r['full_s']:.3f} | {r['rollout_s']:.3f} "
-                f"| {r['updates_s']:.3f} | {r['ask_tell_s']:.3f} | {r['overhead']:+.0%} "
-                f"| {r['overhead_ec']:+.0%} | {os.getloadavg()[0]:.2f} |",
-                flush=True,
+            print_row(
+                r["algo"],
+                r["env"],
+                f"{r['full_s']:.3f}",
+                f"{r['rollout_s']:.3f}",
+                f"{r['updates_s']:.3f}",
+                f"{r['ask_tell_s']:.3f}",
+                f"{r['overhead']:+.0%}",
+                f"{r['overhead_ec']:+.0%}",
+                f"{load():.2f}",
             )
-    print(f"# load average at end {os.getloadavg()[0]:.2f}")
+    print(f"# load average at end {load():.2f}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Scaling: generations/s over 1, 2, 4 local processes and 1, 2, 4 CPU devices per process.
 
-    .venv/bin/python -W ignore benchmarks/scaling_bench.py                        # OpenES, Pendulum
-    .venv/bin/python -W ignore benchmarks/scaling_bench.py --algo cemrl --generations 3
+    .venv/bin/python -W ignore -m benchmarks.scaling_bench                        # OpenES, Pendulum
+    .venv/bin/python -W ignore -m benchmarks.scaling_bench --algo cemrl --generations 3
 
 Each point starts P processes (as `evokube run --processes P` does: jax.distributed over
 127.0.0.1, `--xla_force_host_platform_device_count=D` each), builds the workflow with
@@ -25,12 +25,10 @@ import json
 import os
 import re
 import socket
-import subprocess
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-from config_flags import add_config_arguments, config_arguments
+from benchmarks._common import child_command, load, print_header, print_row, run_children
+from benchmarks.config_flags import add_config_arguments, config_arguments
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 BYTES = {"f32": 4, "s32": 4, "u32": 4, "pred": 1, "f16": 2, "bf16": 2, "s8": 1, "u8": 1}
@@ -61,8 +59,7 @@ def child(args: argparse.Namespace) -> None:
             num_processes=args.processes,
             process_id=args.process_id,
         )
-    from trainer_bench import build_config
-
+    from benchmarks.trainer_bench import build_config
     from evokube_trainer.workflows import DeviceLayout, jit_workflow, make_workflow
 
     layout = DeviceLayout.over_all_devices() if jax.device_count() > 1 else None
@@ -128,14 +125,9 @@ def run_point(processes: int, devices: int, pop: int, args: argparse.Namespace) 
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
     }
-    procs = []
-    for pid in range(processes):
-        command = [
-            sys.executable,
-            "-W",
-            "ignore",
-            __file__,
-            "--child",
+    commands = [
+        child_command(
+            __spec__.name,
             f"--processes={processes}",
             f"--process-id={pid}",
             f"--port={port}",
@@ -143,12 +135,10 @@ def run_point(processes: int, devices: int, pop: int, args: argparse.Namespace) 
             f"--pop={pop}",
             f"--generations={args.generations}",
             *config_arguments(args),
-        ]
-        procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=args.timeout)[0] for p in procs]
-    if any(p.returncode for p in procs):
-        raise RuntimeError(f"{processes}x{devices}: a process failed")
-    return json.loads(outs[0].strip().splitlines()[-1])
+        )
+        for pid in range(processes)
+    ]
+    return run_children(commands, env=env, timeout=args.timeout)
 
 
 def main(argv=None) -> None:
@@ -174,13 +164,18 @@ def main(argv=None) -> None:
 
     print(
         f"# {args.algo} on gymnax/Pendulum-v1 (T=200); {os.cpu_count()} CPUs; load average "
-        f"at start {os.getloadavg()[0]:.2f}; {args.generations} timed generations per point"
+        f"at start {load():.2f}; {args.generations} timed generations per point"
     )
-    print(
-        "| series | processes x devices | population | generations/s | efficiency "
-        "| collectives per generation (ops, MiB) | all-reduce of [D] ms | load |"
+    print_header(
+        "series",
+        "processes x devices",
+        "population",
+        "generations/s",
+        "efficiency",
+        "collectives per generation (ops, MiB)",
+        "all-reduce of [D] ms",
+        "load",
     )
-    print("|" + "---|" * 8)
     for series in ("weak", "strong"):
         base = None
         for processes in args.processes:
@@ -192,14 +187,17 @@ def main(argv=None) -> None:
                     base = r["gen_per_s"]
                 speedup = r["gen_per_s"] / base
                 efficiency = speedup if series == "weak" else speedup / total
-                print(
-                    f"| {series} | {processes} x {devices} | {pop} | {r['gen_per_s']:.2f} "
-                    f"| {efficiency:.0%} | {r['collectives']}, "
-                    f"{r['collective_bytes'] / 2**20:.2f} | {r['allreduce_ms']:.2f} "
-                    f"| {os.getloadavg()[0]:.2f} |",
-                    flush=True,
+                print_row(
+                    series,
+                    f"{processes} x {devices}",
+                    pop,
+                    f"{r['gen_per_s']:.2f}",
+                    f"{efficiency:.0%}",
+                    f"{r['collectives']}, {r['collective_bytes'] / 2**20:.2f}",
+                    f"{r['allreduce_ms']:.2f}",
+                    f"{load():.2f}",
                 )
-    print(f"# load average at end {os.getloadavg()[0]:.2f}")
+    print(f"# load average at end {load():.2f}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Start-up: time to the first generation when a trainer restarts, cold and with a warm XLA cache.
 
-    .venv/bin/python -W ignore benchmarks/startup_bench.py                  # Pendulum, 3 algos
-    .venv/bin/python -W ignore benchmarks/startup_bench.py --envs halfcheetah --warm-runs 1
+    .venv/bin/python -W ignore -m benchmarks.startup_bench                  # Pendulum, 3 algos
+    .venv/bin/python -W ignore -m benchmarks.startup_bench --envs halfcheetah --warm-runs 1
 
 Every run is a new Python process that calls the trainer's own `runtime.trainer.train` with a
 checkpoint directory, as a pod does (the persistent compilation cache lives in
@@ -34,14 +34,18 @@ import json
 import os
 import resource
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 
 START = time.perf_counter()
-sys.path.insert(0, os.path.dirname(__file__))
-from config_flags import add_config_arguments, config_arguments  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    child_command,
+    load,
+    print_header,
+    print_row,
+    run_children,
+)
+from benchmarks.config_flags import add_config_arguments, config_arguments  # noqa: E402
 
 # jax.monitoring duration events -> where compile-related time went (seconds, summed).
 EVENTS = {
@@ -54,8 +58,8 @@ EVENTS = {
 
 def child(args: argparse.Namespace) -> None:
     import jax
-    from trainer_bench import build_config
 
+    from benchmarks.trainer_bench import build_config
     from evokube_trainer.runtime.config import RunConfig
     from evokube_trainer.runtime.trainer import train
 
@@ -104,12 +108,8 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_child(algo: str, env: str, checkpoint_dir: str, stop_at: int, args) -> dict:
-    command = [
-        sys.executable,
-        "-W",
-        "ignore",
-        __file__,
-        "--child",
+    command = child_command(
+        __spec__.name,
         "--algos",
         algo,
         "--envs",
@@ -119,9 +119,8 @@ def run_child(algo: str, env: str, checkpoint_dir: str, stop_at: int, args) -> d
         "--stop-at",
         str(stop_at),
         *config_arguments(args),
-    ]
-    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    )
+    return run_children([command])
 
 
 def restart(algo: str, env: str, workdir: str, saved: str, cache: bool, args) -> dict:
@@ -149,12 +148,19 @@ def main(argv=None) -> None:
         child(args)
         return
 
-    print(f"# {os.cpu_count()} CPUs; load average at start {os.getloadavg()[0]:.2f}")
-    print(
-        "| algorithm | env | run | import s | to gen 1 s | gen s | start-up s "
-        "| start-up vs cold restart | peak RSS MiB | load |"
+    print(f"# {os.cpu_count()} CPUs; load average at start {load():.2f}")
+    print_header(
+        "algorithm",
+        "env",
+        "run",
+        "import s",
+        "to gen 1 s",
+        "gen s",
+        "start-up s",
+        "start-up vs cold restart",
+        "peak RSS MiB",
+        "load",
     )
-    print("|" + "---|" * 10)
     breakdown = []
     for env in args.envs:
         for algo in args.algos:
@@ -176,22 +182,34 @@ def main(argv=None) -> None:
                 breakdown.append((algo, env, label, r))
                 speed = f"{cold['startup_s'] / r['startup_s']:.1f}x" if "warm" in label else ""
                 gen = f"{r['gen_s']:.2f}" if r["gen_s"] else "-"
-                print(
-                    f"| {algo} | {env} | {label} | {r['import_s']:.1f} | {r['first_s']:.1f} "
-                    f"| {gen} | {r['startup_s']:.1f} | {speed} "
-                    f"| {r['maxrss_mib']:.0f} | {os.getloadavg()[0]:.2f} |",
-                    flush=True,
+                print_row(
+                    algo,
+                    env,
+                    label,
+                    f"{r['import_s']:.1f}",
+                    f"{r['first_s']:.1f}",
+                    gen,
+                    f"{r['startup_s']:.1f}",
+                    speed,
+                    f"{r['maxrss_mib']:.0f}",
+                    f"{load():.2f}",
                 )
     print()
     print("Where compile-related time went (jax.monitoring events, whole run, seconds):")
-    print("| algorithm | env | run | trace s | lower to MLIR s | XLA compile s | cache load s |")
-    print("|" + "---|" * 7)
+    print_header(
+        "algorithm", "env", "run", "trace s", "lower to MLIR s", "XLA compile s", "cache load s"
+    )
     for algo, env, label, r in breakdown:
-        print(
-            f"| {algo} | {env} | {label} | {r['trace_s']:.1f} | {r['lower_s']:.1f} "
-            f"| {r['xla_s']:.1f} | {r['cache_load_s']:.1f} |"
+        print_row(
+            algo,
+            env,
+            label,
+            f"{r['trace_s']:.1f}",
+            f"{r['lower_s']:.1f}",
+            f"{r['xla_s']:.1f}",
+            f"{r['cache_load_s']:.1f}",
         )
-    print(f"# load average at end {os.getloadavg()[0]:.2f}")
+    print(f"# load average at end {load():.2f}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Throughput of the trainer's workflows: JIT compile time, generations/s and env steps/s.
 
-    .venv/bin/python benchmarks/trainer_bench.py                       # the defaults below
-    .venv/bin/python benchmarks/trainer_bench.py --envs pendulum --algos cemrl \
+    .venv/bin/python -m benchmarks.trainer_bench                       # the defaults below
+    .venv/bin/python -m benchmarks.trainer_bench --envs pendulum --algos cemrl \
         --rl-pop-size 50 --updates 2000 --generations 5               # enlarge
 
 Every configuration is built with `make_workflow`, its `step` jitted and compiled ahead of time
@@ -21,8 +21,9 @@ import platform
 import time
 
 import jax
-from config_flags import add_config_arguments
 
+from benchmarks._common import load, print_header, print_row
+from benchmarks.config_flags import add_config_arguments
 from evokube_trainer.agents import TD3Config
 from evokube_trainer.workflows import (
     CEMRLConfig,
@@ -126,24 +127,32 @@ def main(argv=None) -> None:
     print(
         f"# jax {jax.__version__} on {jax.devices()[0].platform} ({len(jax.devices())} device), "
         f"{os.cpu_count()} CPUs, {platform.machine()}; load average at start "
-        f"{os.getloadavg()[0]:.1f}; {args.generations} timed generations per row"
+        f"{load():.1f}; {args.generations} timed generations per row"
     )
-    header = (
-        "| algorithm | env | population | TD3 steps/gen | init+warm-up s | compile s "
-        "| generations/s | env steps/s |"
+    print_header(
+        "algorithm",
+        "env",
+        "population",
+        "TD3 steps/gen",
+        "init+warm-up s",
+        "compile s",
+        "generations/s",
+        "env steps/s",
     )
-    print(header)
-    print("|" + "---|" * 8)
     for env_name in args.envs:
         for algo in args.algos:
             row = bench(algo, env_name, args)
-            print(
-                f"| {row['algo']} | {row['env']} | {row['pop']} | {row['updates']} "
-                f"| {row['init_s']:.1f} | {row['compile_s']:.1f} | {row['gen_per_s']:.3g} "
-                f"| {row['steps_per_s']:,.0f} |",
-                flush=True,
+            print_row(
+                row["algo"],
+                row["env"],
+                row["pop"],
+                row["updates"],
+                f"{row['init_s']:.1f}",
+                f"{row['compile_s']:.1f}",
+                f"{row['gen_per_s']:.3g}",
+                f"{row['steps_per_s']:,.0f}",
             )
-    print(f"# load average at end {os.getloadavg()[0]:.1f}")
+    print(f"# load average at end {load():.1f}")
 
 
 if __name__ == "__main__":

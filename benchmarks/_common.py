@@ -1,0 +1,69 @@
+"""What the benchmark scripts share: Markdown tables and child processes.
+
+Kept free of jax imports, like config_flags.py: multi-process benchmarks use it before
+jax.distributed starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load() -> float:
+    """The 1-minute load average (every table prints it: the machine is shared)."""
+    return os.getloadavg()[0]
+
+
+def print_header(*columns: str) -> None:
+    """A Markdown table's header and separator rows."""
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+
+
+def print_row(*cells: object) -> None:
+    """One Markdown table row, flushed (benchmarks print rows as they finish)."""
+    print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+
+
+def child_command(module: str, *args: str) -> list[str]:
+    """`python -W ignore -m <module> --child <args>`: a benchmark running itself in a new
+    process (`module` is the caller's `__spec__.name`, e.g. `benchmarks.startup_bench`)."""
+    return [sys.executable, "-W", "ignore", "-m", module, "--child", *args]
+
+
+def run_children(
+    commands: list[list[str]], env: dict[str, str] | None = None, timeout: float | None = None
+) -> dict:
+    """Start every command at once from the repository root (where `-m benchmarks...`
+    imports), wait for all of them, and return the last line the first one printed, parsed
+    as JSON: what a child reports. A failed child raises, with the end of its stderr (kept
+    in a file: a pipe nobody reads while the others are awaited could stall a child)."""
+    with contextlib.ExitStack() as stack:
+        errors = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in commands]
+        procs = [
+            subprocess.Popen(
+                command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True
+            )
+            for command, err in zip(commands, errors, strict=True)
+        ]
+        try:
+            outputs = [proc.communicate(timeout=timeout)[0] for proc in procs]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        for proc, err in zip(procs, errors, strict=True):
+            if proc.returncode:
+                err.seek(0)
+                tail = "\n".join(err.read().splitlines()[-20:])
+                raise RuntimeError(f"{proc.args[4]} exited {proc.returncode}:\n{tail}")
+    return json.loads(outputs[0].strip().splitlines()[-1])
