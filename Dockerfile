@@ -7,7 +7,8 @@
 #
 # BASE_IMAGE: any Debian-like image with Python >= 3.11 and its venv module.
 # Each image is the base, the user, a layer of dependencies that only changes
-# with pyproject.toml, and a small layer with evokube itself.
+# with pyproject.toml, constraints.txt or docker/install-dependencies.sh, and a
+# small layer with evokube itself.
 ARG BASE_IMAGE=python:3.12-slim-bookworm
 
 # The user evokube, UID/GID 1000, which the operator runs CPU and GPU trainer pods as.
@@ -24,15 +25,16 @@ RUN groupadd --gid 1000 evokube \
 WORKDIR /home/evokube
 
 # A stand-in wheel with evokube's metadata and no code, beside the tested
-# versions (constraints.txt): the dependency layers depend on these two files alone.
+# versions (constraints.txt) and the script that installs them: the dependency
+# layers depend on these three files alone.
 FROM python AS metadata
 WORKDIR /src
-COPY pyproject.toml constraints.txt ./
+COPY pyproject.toml constraints.txt docker/install-dependencies.sh ./
 RUN mkdir -p operator/evokube_contract operator/evokube_operator trainer/evokube_trainer crds \
     && touch README.md crds/erlexperiments.evokube.io.yaml \
     && python3 -m venv /tmp/build \
     && /tmp/build/bin/pip wheel --no-deps --wheel-dir /metadata . \
-    && cp constraints.txt /metadata/
+    && cp constraints.txt install-dependencies.sh /metadata/
 
 # The real evokube wheel.
 FROM python AS wheel
@@ -45,15 +47,15 @@ RUN python3 -m venv /tmp/build \
     && /tmp/build/bin/pip wheel --no-deps --wheel-dir /wheels .
 
 # Each target: a virtual environment in /opt/evokube (owned by root, read-only
-# to the user) with the extra's dependencies, then evokube on top. (The wheels
-# are copied, not bind-mounted: Debian's podman 4.3 cannot mount from a cached
-# stage.)
+# to the user) with the extra's dependencies, then evokube on top. The targets
+# differ only in the extra, the user and what they run: the steps are the same
+# script (docker/install-dependencies.sh) and the same wheel. (The wheels are
+# copied, not bind-mounted: Debian's podman 4.3 cannot mount from a cached
+# stage.) A Dockerfile cannot run one stage with different build arguments per
+# target, so each target names its extra here.
 FROM python AS operator
 COPY --from=metadata /metadata /tmp/metadata
-RUN python3 -m venv /opt/evokube \
-    && pip install -c /tmp/metadata/constraints.txt "$(echo /tmp/metadata/evokube-*.whl)[operator]" \
-    && pip uninstall --yes evokube \
-    && rm -r /tmp/metadata
+RUN sh /tmp/metadata/install-dependencies.sh operator
 COPY --from=wheel /wheels /tmp/wheels
 RUN pip install --no-deps /tmp/wheels/evokube-*.whl && rm -r /tmp/wheels
 USER 1000:1000
@@ -62,10 +64,7 @@ ENTRYPOINT ["evokube-operator"]
 
 FROM python AS trainer-cuda
 COPY --from=metadata /metadata /tmp/metadata
-RUN python3 -m venv /opt/evokube \
-    && pip install -c /tmp/metadata/constraints.txt "$(echo /tmp/metadata/evokube-*.whl)[cuda]" \
-    && pip uninstall --yes evokube \
-    && rm -r /tmp/metadata
+RUN sh /tmp/metadata/install-dependencies.sh cuda
 COPY --from=wheel /wheels /tmp/wheels
 RUN pip install --no-deps /tmp/wheels/evokube-*.whl && rm -r /tmp/wheels
 USER 1000:1000
@@ -74,10 +73,7 @@ CMD ["evokube-train"]
 
 FROM python AS trainer-tpu
 COPY --from=metadata /metadata /tmp/metadata
-RUN python3 -m venv /opt/evokube \
-    && pip install -c /tmp/metadata/constraints.txt "$(echo /tmp/metadata/evokube-*.whl)[tpu]" \
-    && pip uninstall --yes evokube \
-    && rm -r /tmp/metadata
+RUN sh /tmp/metadata/install-dependencies.sh tpu
 COPY --from=wheel /wheels /tmp/wheels
 RUN pip install --no-deps /tmp/wheels/evokube-*.whl && rm -r /tmp/wheels
 # TPU pods keep the image's user: libtpu opens the TPU device files, which
@@ -91,10 +87,7 @@ CMD ["evokube-train"]
 
 FROM python AS trainer-cpu
 COPY --from=metadata /metadata /tmp/metadata
-RUN python3 -m venv /opt/evokube \
-    && pip install -c /tmp/metadata/constraints.txt "$(echo /tmp/metadata/evokube-*.whl)[trainer]" \
-    && pip uninstall --yes evokube \
-    && rm -r /tmp/metadata
+RUN sh /tmp/metadata/install-dependencies.sh trainer
 COPY --from=wheel /wheels /tmp/wheels
 RUN pip install --no-deps /tmp/wheels/evokube-*.whl && rm -r /tmp/wheels
 USER 1000:1000
