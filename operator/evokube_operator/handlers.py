@@ -18,8 +18,10 @@ holder of the Lease reconciles (leader.py).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -84,6 +86,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
     )
     memo.kube, memo.controller, memo.server = kube, controller, None
     memo.elector, memo.campaign = elector, None
+    memo.decided_on = {}  # key -> decision_inputs() of the experiment last sent to reconcile
     if elector is None:
         controller.start()
     else:
@@ -194,11 +197,43 @@ def pod_index(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: 
 
 
 # -- what to reconcile -----------------------------------------------------------------------
+def decision_inputs(body: Mapping[str, Any]) -> str:
+    """What of an experiment a reconcile decides on: all but status.progress (which process 0
+    of every gang patches every few seconds, and the operator never reads) and what every
+    write moves (resourceVersion, managedFields)."""
+    doc = plain(body)
+    for moving in ("resourceVersion", "managedFields"):
+        doc.get("metadata", {}).pop(moving, None)
+    doc.get("status", {}).pop("progress", None)
+    return json.dumps(doc, sort_keys=True)
+
+
+def wants_reconcile(seen: dict, key: tuple, event_type: str | None, body: Mapping[str, Any]):
+    """Whether an experiment's event changes anything a reconcile decides on; remembers what
+    it saw in `seen`. Deletions and the first sight always do; a progress-only patch never."""
+    if event_type == "DELETED":
+        seen.pop(key, None)
+        return True
+    inputs = decision_inputs(body)
+    if seen.get(key) == inputs:
+        return False
+    seen[key] = inputs
+    return True
+
+
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
-async def experiment_event(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-    """Any change, the first listing (adopt what exists: deterministic names) and deletion
-    (a last reconcile finds nothing and forgets the experiment)."""
-    memo.controller.changed((namespace, name))
+async def experiment_event(
+    namespace: str | None,
+    name: str,
+    body: kopf.Body,
+    type: str | None,  # Kopf's name for the watch event's type
+    memo: kopf.Memo,
+    **_: Any,
+) -> None:
+    """Any change but the trainer's progress patches, the first listing (adopt what exists:
+    deterministic names) and deletion (a last reconcile finds nothing and forgets it)."""
+    if wants_reconcile(memo.decided_on, (namespace, name), type, body):
+        memo.controller.changed((namespace, name))
 
 
 # -- its Jobs and pods ----------------------------------------------------------------------

@@ -1,0 +1,36 @@
+"""Which experiment events reach the reconciler: not the trainer's progress patches."""
+
+import copy
+
+from evokube_operator.handlers import wants_reconcile
+from tests.operator.factories import body, running_status
+
+KEY = ("ns", "demo")
+
+
+def test_progress_patches_and_resource_version_bumps_wake_no_reconcile():
+    seen: dict = {}
+    exp = body(status=running_status())
+    exp["metadata"]["managedFields"] = [{"manager": "evokube-operator"}]
+    assert wants_reconcile(seen, KEY, None, exp)  # the first listing
+    assert not wants_reconcile(seen, KEY, "MODIFIED", copy.deepcopy(exp))
+
+    progressed = copy.deepcopy(exp)
+    progressed["status"]["progress"] = {"generation": 7, "bestFitness": -150.0}
+    progressed["metadata"]["resourceVersion"] = "99"
+    progressed["metadata"]["managedFields"].append({"manager": "evokube-trainer"})
+    assert not wants_reconcile(seen, KEY, "MODIFIED", progressed)
+
+    for change in (
+        lambda e: e["status"].update(phase="Restarting"),  # the operator's own write, or not
+        lambda e: e["spec"].update(suspend=True),
+        lambda e: e["metadata"].update(deletionTimestamp="2026-01-02T03:04:05Z"),
+        lambda e: e["metadata"].setdefault("labels", {}).update(team="rl"),
+    ):
+        changed = copy.deepcopy(progressed)
+        change(changed)
+        assert wants_reconcile(seen, KEY, "MODIFIED", changed)
+        assert not wants_reconcile(seen, KEY, "MODIFIED", changed)
+    assert wants_reconcile(seen, KEY, "DELETED", changed)
+    assert KEY not in seen
+    assert wants_reconcile(seen, ("ns", "other"), None, changed)  # each experiment on its own
