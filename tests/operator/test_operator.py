@@ -5,6 +5,8 @@ Pods on kwok nodes run until a test ends them with an exit code
 be played: 0, 75, 78, 137, an eviction, a deadline.
 """
 
+import time
+
 import pytest
 import yaml
 from kubernetes import client
@@ -375,3 +377,30 @@ def test_metrics_probes_and_no_api_calls_for_a_gang_that_just_runs(k8s, operator
         "evokube_operator_gang_restarts_total",
     ):
         assert name in text
+
+
+def test_the_trainers_progress_patches_wake_no_reconcile(k8s, operator, namespace):
+    """Process 0 of every gang patches status.progress every few seconds; none of it is an
+    input of the operator's decisions (operator/evokube_operator/handlers.py)."""
+    start(k8s, namespace, "quiet", hosts=1, accelerator={"type": "cpu"})
+    seen = [-1.0]
+
+    def settled() -> bool:  # no reconcile for 2 s
+        count = operator.metric_sum("evokube_operator_reconciles_total")
+        quiet, seen[0] = count == seen[0], count
+        time.sleep(2)
+        return quiet
+
+    k8s.wait(settled, "the operator to settle")
+    for generation in range(1, 4):
+        k8s.custom.patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            "quiet",
+            {"status": {"progress": {"generation": generation}}},
+        )
+    time.sleep(3)
+    assert operator.metric_sum("evokube_operator_reconciles_total") == seen[0]
+    assert k8s.status(namespace, "quiet")["progress"]["generation"] == 3
