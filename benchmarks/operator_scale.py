@@ -40,6 +40,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks._common import REPO, load, print_header, print_row
+from evokube_operator.decide import JOB_EVENTS_GRACE_SECONDS
 from tests.cluster.controlplane import ControlPlane, fake_node, free_port, wait_until
 
 GROUP, VERSION, PLURAL = "evokube.io", "v1alpha1", "erlexperiments"
@@ -297,9 +298,12 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
                     break
             time.sleep(1.0)
         settle_s = time.monotonic() - begin
-        # Quiet first: no reconcile for 3 s (up to 60 s), so that what follows is the patches'.
+        # Quiet first, so that what follows is the patches': no reconcile for longer than the
+        # one-off look a gang that lacked pods gets JOB_EVENTS_GRACE_SECONDS after its Job
+        # (up to 60 s).
+        quiet_s = JOB_EVENTS_GRACE_SECONDS + 1.0
         reconciles_before, quiet_since = reconcile_count(url), time.monotonic()
-        while time.monotonic() - quiet_since < 3.0 and time.monotonic() - begin < settle_s + 60:
+        while time.monotonic() - quiet_since < quiet_s and time.monotonic() - begin < settle_s + 60:
             time.sleep(0.5)
             count = reconcile_count(url)
             if count != reconciles_before:
