@@ -41,7 +41,13 @@ import yaml
 
 from benchmarks._common import REPO, load, print_header, print_row
 from evokube_operator.decide import JOB_EVENTS_GRACE_SECONDS
-from tests.cluster.controlplane import ControlPlane, fake_node, free_port, wait_until
+from tests.cluster.controlplane import (
+    ControlPlane,
+    fake_node,
+    fake_nodes,
+    free_port,
+    wait_until,
+)
 
 GROUP, VERSION, PLURAL = "evokube.io", "v1alpha1", "erlexperiments"
 NAMESPACE = "scale"
@@ -204,7 +210,9 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
                 " Ready "
             )
 
-        wait_until(lambda: ready_nodes() >= 10 + len(extra), 120, "the extra nodes Ready")
+        wait_until(
+            lambda: ready_nodes() >= len(fake_nodes()) + len(extra), 120, "the extra nodes Ready"
+        )
 
         port = free_port()
         log_path = workdir / "operator.log"

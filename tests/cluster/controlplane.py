@@ -550,10 +550,7 @@ class ControlPlane:
 
     def _create_nodes(self, timeout: float) -> None:
         """Create the fake node pools of nodes.yaml and wait until all are Ready."""
-        manifests = []
-        for pool, spec in yaml.safe_load((HERE / "nodes.yaml").read_text())["pools"].items():
-            for i in range(spec["count"]):
-                manifests.append(fake_node(f"{pool}-{i}", pool, spec))
+        manifests = fake_nodes()
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(manifests))
         names = [m["metadata"]["name"] for m in manifests]
 
@@ -570,6 +567,16 @@ class ControlPlane:
             return set(names) <= ready
 
         self._wait("kwok", all_ready, timeout, f"managing {len(names)} Ready nodes")
+
+
+def fake_nodes() -> list[dict]:
+    """The nodes of every pool of nodes.yaml, named <pool>-<i>."""
+    pools = yaml.safe_load((HERE / "nodes.yaml").read_text())["pools"]
+    return [
+        fake_node(f"{pool}-{i}", pool, spec)
+        for pool, spec in pools.items()
+        for i in range(spec["count"])
+    ]
 
 
 def fake_node(name: str, pool: str, spec: dict) -> dict:

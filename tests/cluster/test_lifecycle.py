@@ -15,6 +15,7 @@ from tests.cluster.controlplane import (
     ClusterError,
     ControlPlane,
     _pid_alive,
+    fake_nodes,
     read_versions,
 )
 
@@ -88,7 +89,7 @@ def test_up_and_down_by_hand_leave_no_process_behind(tmp_path):
     }
     assert plane.is_running()
     nodes = plane.kubectl("get", "nodes", "-o", "name").stdout.split()
-    assert len(nodes) == 10
+    assert sorted(nodes) == sorted(f"node/{n['metadata']['name']}" for n in fake_nodes())
 
     down = subprocess.run([*cli, "down"], cwd=REPO, env=env, capture_output=True, text=True)
     assert down.returncode == 0, down.stderr
