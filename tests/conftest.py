@@ -9,6 +9,15 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.controlplane import ControlPlane, wait_until
+from tests.helm.chart import operator_policies, operator_rbac
+from tests.operator.conftest import (
+    FAST_LEASE,
+    OPERATOR_NAMESPACE,
+    K8s,
+    OperatorProcess,
+    release_gangs,
+    service_account_kubeconfig,
+)
 
 
 @pytest.fixture(scope="session")
@@ -77,3 +86,44 @@ def crd(cluster):
 
     wait_until(established, 60, f"CRD {name} Established")
     return name
+
+
+# -- the operator: one process for the session, shared by every package ----------------------
+@pytest.fixture(scope="session")
+def operator_kubeconfig(cluster, crd, tmp_path_factory) -> Path:
+    """The operator's identity: ServiceAccount evokube-system/evokube-operator, least privilege."""
+    cluster.kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)
+    # ServiceAccount, ClusterRole and ClusterRoleBinding `evokube-operator`.
+    rbac = operator_rbac(cluster, "evokube", OPERATOR_NAMESPACE)
+    cluster.kubectl("apply", "-f", "-", input=rbac)
+    # Host 0's token, the status guard and the experiment policy, as the chart installs them.
+    policies = operator_policies(cluster, "evokube", OPERATOR_NAMESPACE)
+    cluster.kubectl("apply", "--server-side", "-f", "-", input=policies)
+    api_client = cluster.api_client()
+    try:
+        return service_account_kubeconfig(
+            cluster,
+            api_client,
+            OPERATOR_NAMESPACE,
+            "evokube-operator",
+            tmp_path_factory.mktemp("operator") / "kubeconfig",
+        )
+    finally:
+        api_client.close()
+
+
+@pytest.fixture(scope="session")
+def operator(cluster, crd, operator_kubeconfig, tmp_path_factory):
+    process = OperatorProcess(
+        operator_kubeconfig, tmp_path_factory.mktemp("operator-logs"), FAST_LEASE
+    )
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def k8s(cluster, api, operator, namespace):
+    helper = K8s(cluster, api, operator)
+    yield helper
+    release_gangs(helper, namespace)

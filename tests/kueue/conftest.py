@@ -9,7 +9,8 @@
   kwok pools, ClusterQueues, LocalQueues and WorkloadPriorityClasses; it deletes
   the cluster-scoped ones after the test.
 
-Another package uses them by importing them into its conftest:
+Another package uses them by importing them into its conftest (the operator fixtures, `operator`
+and `k8s`, are in tests/conftest.py for every package):
 `from tests.kueue.conftest import kueue, kueue_objects, kueue_runner, kueue_settings`.
 """
 
@@ -19,7 +20,6 @@ import pytest
 
 from tests.cluster.kueue import Kueue, KueueRunner, KueueSettings
 from tests.kueue.helpers import KueueObjects
-from tests.operator.conftest import k8s, operator, operator_kubeconfig  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,8 @@
-"""Fixtures for operator tests on the real control plane.
+"""What operator tests use on the real control plane; the fixtures are in tests/conftest.py,
+so that every package shares one of each (a second definition here would start a second
+operator, holding the same Lease).
 
-- `crd` (tests/conftest.py): the ERLExperiment CRD, server-side applied once per session.
+- `crd`: the ERLExperiment CRD, server-side applied once per session.
 - `operator`: one `evokube-operator` process for the session, watching every
   namespace, running as a ServiceAccount bound to the operator's own
   ClusterRole as the Helm chart renders it (helm/evokube), so a missing
@@ -21,11 +23,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.cluster.controlplane import free_port, wait_until
-from tests.helm.chart import operator_policies, operator_rbac
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_NAMESPACE = "evokube-system"
@@ -68,29 +68,6 @@ def service_account_kubeconfig(cluster, api_client, namespace, name, path: Path)
     }
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-@pytest.fixture(scope="session")
-def operator_kubeconfig(cluster, crd, tmp_path_factory) -> Path:
-    """The operator's identity: ServiceAccount evokube-system/evokube-operator, least privilege."""
-    cluster.kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)
-    # ServiceAccount, ClusterRole and ClusterRoleBinding `evokube-operator`.
-    rbac = operator_rbac(cluster, "evokube", OPERATOR_NAMESPACE)
-    cluster.kubectl("apply", "-f", "-", input=rbac)
-    # Host 0's token, the status guard and the experiment policy, as the chart installs them.
-    policies = operator_policies(cluster, "evokube", OPERATOR_NAMESPACE)
-    cluster.kubectl("apply", "--server-side", "-f", "-", input=policies)
-    api_client = cluster.api_client()
-    try:
-        return service_account_kubeconfig(
-            cluster,
-            api_client,
-            OPERATOR_NAMESPACE,
-            "evokube-operator",
-            tmp_path_factory.mktemp("operator") / "kubeconfig",
-        )
-    finally:
-        api_client.close()
 
 
 class OperatorProcess:
@@ -207,16 +184,6 @@ class OperatorProcess:
             return "(no log)"
 
 
-@pytest.fixture(scope="session")
-def operator(cluster, crd, operator_kubeconfig, tmp_path_factory):
-    process = OperatorProcess(
-        operator_kubeconfig, tmp_path_factory.mktemp("operator-logs"), FAST_LEASE
-    )
-    process.start()
-    yield process
-    process.stop()
-
-
 class K8s:
     """The few things operator tests do to the cluster, with waits that explain themselves."""
 
@@ -315,13 +282,6 @@ class K8s:
             timeout,
         )
         return status
-
-
-@pytest.fixture
-def k8s(cluster, api, operator, namespace):
-    helper = K8s(cluster, api, operator)
-    yield helper
-    release_gangs(helper, namespace)
 
 
 def release_gangs(k8s: K8s, namespace: str) -> None:
