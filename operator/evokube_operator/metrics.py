@@ -88,6 +88,8 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        for kind in ("counted", "preemption"):  # both series from the start, at 0: a panel
+            self.restarts.labels(kind)  # has data, and increase() sees the first restart
         self.api_requests = Counter(
             "evokube_operator_api_requests",
             "Kubernetes API requests of reconciles and readiness checks (not Kopf's watches),"
