@@ -14,13 +14,16 @@ operator, holding the same Lease).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 import yaml
@@ -282,6 +285,31 @@ class K8s:
             timeout,
         )
         return status
+
+
+@contextlib.contextmanager
+def stand_in(cluster, api, operator, operator_kubeconfig, namespace: str, lease: str, *args: str):
+    """The session's operator pauses; one with these extra arguments (and a Lease of its own,
+    named `lease`-<random>) takes its place, as K8s helpers; the session's operator comes back."""
+    operator.stop()
+    process = OperatorProcess(
+        operator_kubeconfig,
+        Path(tempfile.mkdtemp(prefix=f"{lease}-operator-")),
+        (
+            f"--leader-election-namespace={OPERATOR_NAMESPACE}",
+            f"--leader-election-lease-name={lease}-{uuid.uuid4().hex[:8]}",
+            *FAST_LEASE,
+            *args,
+        ),
+    )
+    process.start()
+    helper = K8s(cluster, api, process)
+    try:
+        yield helper
+    finally:
+        release_gangs(helper, namespace)
+        process.stop()
+        operator.start()
 
 
 def release_gangs(k8s: K8s, namespace: str) -> None:

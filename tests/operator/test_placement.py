@@ -10,7 +10,6 @@ one slice each, a third waits whole; a gang that would fit only as two halves ne
 from __future__ import annotations
 
 import copy
-import uuid
 from pathlib import Path
 
 import pytest
@@ -21,15 +20,13 @@ from evokube_operator import api, builders, placement
 from evokube_operator.spec import SpecError, parse_spec
 from tests.cluster.controlplane import HERE as CLUSTER_DIR
 from tests.operator.conftest import (
-    FAST_LEASE,
     GROUP,
-    OPERATOR_NAMESPACE,
     PLURAL,
     VERSION,
     K8s,
-    OperatorProcess,
     experiment_manifest,
     release_gangs,
+    stand_in,
 )
 from tests.operator.factories import GPU, TPU, experiment
 
@@ -240,27 +237,18 @@ def tpu_slices() -> dict[str, list[str]]:
 
 
 @pytest.fixture
-def impatient(cluster, api, operator, operator_kubeconfig, namespace, tmp_path):
+def impatient(cluster, api, operator, operator_kubeconfig, namespace):
     """The session's operator pauses; one that reports unschedulable pods at once replaces it."""
-    operator.stop()
-    process = OperatorProcess(
+    with stand_in(
+        cluster,
+        api,
+        operator,
         operator_kubeconfig,
-        tmp_path,
-        (
-            f"--leader-election-namespace={OPERATOR_NAMESPACE}",
-            f"--leader-election-lease-name=placement-{uuid.uuid4().hex[:8]}",
-            *FAST_LEASE,
-            f"--unschedulable-timeout-seconds={UNSCHEDULABLE_TIMEOUT}",
-        ),
-    )
-    process.start()
-    helper = K8s(cluster, api, process)
-    try:
-        yield helper
-    finally:
-        release_gangs(helper, namespace)
-        process.stop()
-        operator.start()
+        namespace,
+        "placement",
+        f"--unschedulable-timeout-seconds={UNSCHEDULABLE_TIMEOUT}",
+    ) as k8s:
+        yield k8s
 
 
 def slice_of_node(k8s: K8s, node: str) -> str:

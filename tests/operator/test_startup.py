@@ -7,18 +7,12 @@ kubelet that cannot pull "unpullable" images nor parse over-long image names
 nodeSelector nobody has. Each ends in Failed or Blocked, with the cause.
 """
 
-import uuid
-
 import pytest
 from kubernetes import client
 
 from tests.operator.conftest import (
-    FAST_LEASE,
-    OPERATOR_NAMESPACE,
-    K8s,
-    OperatorProcess,
     experiment_manifest,
-    release_gangs,
+    stand_in,
 )
 
 pytestmark = pytest.mark.cluster
@@ -29,28 +23,19 @@ UNSCHEDULABLE_TIMEOUT = 2
 
 
 @pytest.fixture
-def impatient(cluster, api, operator, operator_kubeconfig, namespace, tmp_path):
+def impatient(cluster, api, operator, operator_kubeconfig, namespace):
     """The session's operator pauses; one with short start-up timeouts takes its place."""
-    operator.stop()
-    process = OperatorProcess(
+    with stand_in(
+        cluster,
+        api,
+        operator,
         operator_kubeconfig,
-        tmp_path,
-        (
-            f"--leader-election-namespace={OPERATOR_NAMESPACE}",
-            f"--leader-election-lease-name=startup-{uuid.uuid4().hex[:8]}",
-            *FAST_LEASE,
-            f"--image-pull-timeout-seconds={IMAGE_PULL_TIMEOUT}",
-            f"--unschedulable-timeout-seconds={UNSCHEDULABLE_TIMEOUT}",
-        ),
-    )
-    process.start()
-    helper = K8s(cluster, api, process)
-    try:
-        yield helper
-    finally:
-        release_gangs(helper, namespace)
-        process.stop()
-        operator.start()
+        namespace,
+        "startup",
+        f"--image-pull-timeout-seconds={IMAGE_PULL_TIMEOUT}",
+        f"--unschedulable-timeout-seconds={UNSCHEDULABLE_TIMEOUT}",
+    ) as k8s:
+        yield k8s
 
 
 def condition(k8s, namespace, name, kind):
