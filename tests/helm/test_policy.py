@@ -19,6 +19,7 @@ VALUES = {
     "policy": {
         "allowedImages": ["ghcr.io/evokube/", "registry.example/rl/"],
         "allowedPriorityClasses": ["team-low", "team-high"],
+        "allowedWorkloadPriorityClasses": ["sweep"],
         "allowedTolerationKeys": ["dedicated", "google.com/tpu"],
     },
     # Only the experiment policy matters here.
@@ -73,11 +74,15 @@ def apply(cluster, manifest, dry_run=False):
             "spec.priorityClassName: team-urgent is not allowed (allowed: team-low, team-high)",
         ),
         (
+            {"queueName": "research", "workloadPriorityClassName": "paper"},
+            "spec.workloadPriorityClassName: paper is not allowed (allowed: sweep)",
+        ),
+        (
             {"tolerations": [{"key": "example.com/reserved", "operator": "Exists"}]},
             "spec.tolerations: only the keys dedicated, google.com/tpu may be tolerated",
         ),
     ],
-    ids=["image", "image-prefix-lookalike", "other-class", "taint"],
+    ids=["image", "image-prefix-lookalike", "other-class", "other-workload-class", "taint"],
 )
 def test_the_policy_refuses_what_the_values_do_not_allow(cluster, policed, spec, message):
     run = apply(cluster, experiment_manifest("refused", policed, **spec))
@@ -92,6 +97,8 @@ def test_the_policy_admits_what_the_values_allow_and_judges_each_spec_change(clu
         policed,
         image="registry.example/rl/trainer:2",
         priorityClassName="team-high",
+        queueName="research",
+        workloadPriorityClassName="sweep",
         tolerations=[{"key": "dedicated", "operator": "Equal", "value": "rl"}],
         suspend=True,
     )
