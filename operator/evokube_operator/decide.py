@@ -18,7 +18,7 @@ two gangs of one experiment do not write its checkpoint directory at once.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -170,7 +170,6 @@ class Plan:
     confirm_job_gone: tuple[str, str] | None = None
     # (name, uid) of the current Job, suspended: read what Kueue says of it, decide again.
     needs_queue: tuple[str, str] | None = None
-    spec: ExperimentSpec | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -213,14 +212,24 @@ class _Step:
         )
 
 
+def desired_spec(exp: Experiment, default_checkpoints: str | None) -> ExperimentSpec:
+    """The spec the operator acts on (SpecError if it cannot). `default_checkpoints` is the
+    operator's default checkpoint location; an experiment without its own keeps the one its
+    status already names, so a changed default never moves a running experiment away from
+    its checkpoints. The reconciler builds the Job and owned objects from the same call."""
+    named = Status.from_dict(exp.status).checkpoint_location
+    return parse_spec(
+        exp.spec,
+        named or experiment_checkpoint_location(default_checkpoints, exp.namespace, exp.name),
+    )
+
+
 def decide(
     obs: Observation,
     timeouts: startup.Timeouts = startup.DEFAULT_TIMEOUTS,
     default_checkpoints: str | None = None,
 ) -> Plan:
-    """The next status and actions. `default_checkpoints` is the operator's default checkpoint
-    location; an experiment without its own keeps the one its status already names, so a
-    changed default never moves a running experiment away from its checkpoints."""
+    """The next status and actions (see `desired_spec` for `default_checkpoints`)."""
     exp = obs.experiment
     # Only Jobs this very experiment owns (not a deleted namesake's, not look-alikes).
     obs = replace(obs, jobs=tuple(j for j in obs.jobs if j.owner_uid == exp.uid))
@@ -231,16 +240,12 @@ def decide(
     if old.phase in api.FINISHED_PHASES:
         return _finished(step, old)
     try:
-        spec = parse_spec(
-            exp.spec,
-            old.checkpoint_location
-            or experiment_checkpoint_location(default_checkpoints, exp.namespace, exp.name),
-        )
+        spec = desired_spec(exp, default_checkpoints)
     except SpecError as err:
         return _fail(step, old, api.REASON_INVALID_SPEC, str(err), None)
     newest = max((j.attempt for j in obs.jobs if j.attempt is not None), default=-1)
     if newest > old.attempt and not obs.fresh:
-        return Plan(old, stale=True, spec=spec)
+        return Plan(old, stale=True)
     if obs.rejected:
         message = f"the API server refused the trainer Job: {obs.rejected}"
         return _fail(step, old, api.REASON_INVALID_SPEC, message, spec)
@@ -259,7 +264,7 @@ def decide(
         if status.job_uid is not None and status.job_name == name:
             # Someone deleted it; a new attempt stops the gang, so not on the watch's word alone.
             if obs.job_gone != status.job_uid:
-                return Plan(old, confirm_job_gone=(name, status.job_uid), spec=spec)
+                return Plan(old, confirm_job_gone=(name, status.job_uid))
             return _job_deleted(step, status, spec, name, events)
         return _start(step, status, spec, events)
     if status.job_uid != job.uid:
@@ -353,7 +358,6 @@ def _start(step: _Step, status: Status, spec: ExperimentSpec, events=()) -> Plan
         job_deadline=job_deadline,
         delete_jobs=step.live_jobs(keep=name),
         requeue_after=requeue,
-        spec=spec,
     )
 
 
@@ -413,7 +417,6 @@ def _blocked(
         events=tuple(events),
         delete_jobs=step.live_jobs(),
         requeue_after=requeue,
-        spec=spec,
     )
 
 
@@ -473,7 +476,6 @@ def _fail(
         requeue_after=timer.remaining(
             step.obs.now, spec.ttl_seconds_after_finished if spec else None, step.obs.now
         ),
-        spec=spec,
     )
 
 
@@ -499,7 +501,6 @@ def _succeed(step: _Step, status: Status, spec: ExperimentSpec, job: JobView, ev
         requeue_after=timer.remaining(
             parse_time(completed), spec.ttl_seconds_after_finished, step.obs.now
         ),
-        spec=spec,
     )
 
 
@@ -528,7 +529,7 @@ def _suspend(step: _Step, status: Status, spec: ExperimentSpec) -> Plan:
         conditions = step.clear(conditions, api.COND_BLOCKED, api.REASON_SUSPENDED, "suspended")
         status = replace(status, conditions=conditions)
     status = replace(status, observed_generation=step.exp.generation)
-    return Plan(status, events=events, delete_jobs=step.live_jobs(), spec=spec)
+    return Plan(status, events=events, delete_jobs=step.live_jobs())
 
 
 def _resume(step: _Step, status: Status) -> tuple[Status, tuple[Event, ...]]:
@@ -609,7 +610,6 @@ def _progress(
         needs_job_events=(job.name, job.uid)
         if wants_events and step.obs.job_events is None
         else None,
-        spec=spec,
     )
 
 
@@ -640,7 +640,7 @@ def _queued(
     operator never unsuspends it."""
     queue = step.obs.queue
     if queue is None:
-        return Plan(status, needs_queue=(job.name, job.uid), spec=spec)
+        return Plan(status, needs_queue=(job.name, job.uid))
     events = tuple(events)
     before = cond.find(status.conditions, api.COND_QUEUED)
     admitted_before = (
@@ -685,7 +685,6 @@ def _queued(
         events=events,
         delete_jobs=step.live_jobs(keep=job.name),
         requeue_after=requeue,
-        spec=spec,
     )
 
 

@@ -31,6 +31,7 @@ from evokube_operator.decide import (
     Plan,
     Status,
     decide,
+    desired_spec,
 )
 from evokube_operator.kube import ApiError, Kube
 from evokube_operator.observe import JobEvent, JobView, PodView, QueueView
@@ -268,9 +269,9 @@ class Reconciler:
         process; while Blocked, the Job's own name is looked at too. Only the first two cost
         calls on a plain launch.
         """
-        spec = plan.spec
-        if spec is None or plan.status.phase not in ACTIVE_PHASES:
+        if exp.deleting or plan.status.phase not in ACTIVE_PHASES:
             return None
+        spec = desired_spec(exp, self.default_checkpoints)  # active: decide parsed it
         creating = plan.create_job is not None
         if creating:
             blocker = self._references_blocker(exp, spec)
@@ -358,8 +359,9 @@ class Reconciler:
             if self.kube.delete("Job", exp.namespace, name, uid=owned[name]):
                 log.info("%s/%s: deleted Job %s", exp.namespace, exp.name, name)
         requeue = plan.requeue_after
-        if plan.create_job is not None and plan.spec is not None:
-            job = builders.job(exp, plan.spec, plan.create_job, plan.job_deadline)
+        if plan.create_job is not None:  # decide parsed the spec to plan this
+            spec = desired_spec(exp, self.default_checkpoints)
+            job = builders.job(exp, spec, plan.create_job, plan.job_deadline)
             name = job["metadata"]["name"]
             try:
                 _, created = self.kube.create_owned(job, exp.uid, update=False)
@@ -377,7 +379,7 @@ class Reconciler:
                 requeue = 0.0
             else:
                 if created:
-                    hosts = plan.spec.accelerator.hosts
+                    hosts = spec.accelerator.hosts
                     message = f"created Job {name}: {hosts} hosts, attempt {plan.create_job}"
                     log.info("%s/%s: %s", exp.namespace, exp.name, message)
                     self._event(body, "Normal", api.REASON_JOB_CREATED, message)

@@ -15,6 +15,7 @@ from evokube_operator.decide import (
     Observation,
     Status,
     decide,
+    desired_spec,
 )
 from evokube_operator.observe import PodView, QueueView
 from evokube_operator.ownership import Blocker
@@ -689,9 +690,10 @@ DEFAULT = "gs://team-bucket/evokube"
 
 
 def test_without_a_location_the_operators_default_names_the_experiments_own_folder():
-    plan = decide(observe(), default_checkpoints=DEFAULT)
+    obs = observe()
+    plan = decide(obs, default_checkpoints=DEFAULT)
     assert plan.status.checkpoint_location == f"{DEFAULT}/ns/demo"
-    assert plan.spec.checkpoint_location == f"{DEFAULT}/ns/demo"
+    assert desired_spec(obs.experiment, DEFAULT).checkpoint_location == f"{DEFAULT}/ns/demo"
     assert find(plan.status.conditions, api.COND_CHECKPOINTS_EPHEMERAL) is None
     assert api.REASON_EMPTYDIR_CHECKPOINTS not in all_reasons(plan)
 
@@ -706,7 +708,8 @@ def test_a_changed_default_never_moves_a_started_experiment():
     obs = settle(observe(), first)
     restart = decide(obs, default_checkpoints="s3://elsewhere")
     assert restart.status.checkpoint_location == f"{DEFAULT}/ns/demo"
-    assert restart.spec.checkpoint_location == f"{DEFAULT}/ns/demo"
+    spec = desired_spec(obs.experiment, "s3://elsewhere")  # what the restarted Job is built from
+    assert spec.checkpoint_location == f"{DEFAULT}/ns/demo"
 
 
 def test_checkpoints_in_an_emptydir_are_a_warning_once_not_a_refusal():
@@ -737,6 +740,7 @@ def test_checkpoints_that_outlive_the_pods_raise_no_warning(checkpoint):
 
 
 def test_a_claim_without_a_location_keeps_the_default_path_not_the_default_bucket():
-    plan = decide(observe(checkpoint={"volumeClaimName": "c"}), default_checkpoints=DEFAULT)
+    obs = observe(checkpoint={"volumeClaimName": "c"})
+    plan = decide(obs, default_checkpoints=DEFAULT)
     assert plan.status.checkpoint_location == api.DEFAULT_CHECKPOINT_DIR
-    assert plan.spec.checkpoint_claim == "c"
+    assert desired_spec(obs.experiment, DEFAULT).checkpoint_claim == "c"
