@@ -14,7 +14,7 @@ import yaml
 from evokube_trainer import cli
 from evokube_trainer.envs import BRAX_ENVS, GYMNAX_ENVS, Discrete, GymnaxEnv
 from evokube_trainer.runtime import exitcodes, manifest
-from evokube_trainer.runtime.config import _EC_FIELDS, ALGORITHMS, to_run_config
+from evokube_trainer.runtime.config import to_run_config
 from evokube_trainer.workflows import CEMRLConfig, ECConfig, ERLConfig
 from tests.bad_manifests import (
     BAD_MANIFESTS,
@@ -246,38 +246,6 @@ def test_rl_hybrids_are_refused_exactly_the_discrete_action_envs(env_id):
         )
         paths = [e.path for e in manifest.check(doc)[1]]
         assert paths == (["spec.environment.name"] if discrete else []), (algorithm, env_id)
-
-
-EC_VALUES = {
-    "noiseStd": 0.1,
-    "learningRate": 0.01,
-    "weightDecay": 0.001,
-    "eliteFraction": 0.5,
-    "mirrored": False,
-    "numElites": 1,
-    "tournamentSize": 3,
-    "mutationStd": 0.1,
-    "mutationFraction": 0.5,
-    "crossover": "uniform",
-}
-
-
-def test_the_crd_refuses_exactly_the_ec_fields_an_algorithm_does_not_use():
-    assert set(_spec_schema()["algorithm"]["properties"]["ec"]["properties"]) == set(EC_VALUES)
-    assert set(_EC_FIELDS) == set(EC_VALUES)
-    for name, (optimizer, _) in ALGORITHMS.items():
-        for field, value in EC_VALUES.items():
-            algorithm = {"name": name, "ec": {field: value}}
-            if name in ("erl-ga", "cem-rl"):
-                algorithm["rl"] = {"numAgents": 2}
-            defaulted, errors = manifest.check(with_changes({"spec.algorithm": algorithm}))
-            used = optimizer in _EC_FIELDS[field]
-            assert [e.path for e in errors] == ([] if used else [f"spec.algorithm.ec.{field}"]), (
-                name,
-                field,
-            )
-            if used:
-                to_run_config(defaulted)  # and the trainer builds it
 
 
 def test_a_configuration_the_optimizer_refuses_is_a_manifest_error():

@@ -11,10 +11,11 @@ exits 78 (permanent), not 75.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from evokube_trainer.agents import TD3Config
+from evokube_trainer.runtime.algorithms import ALGORITHMS, EC, ERL, Algorithm
 from evokube_trainer.runtime.manifest import FieldError, ManifestError
 from evokube_trainer.workflows import (
     CEMRLConfig,
@@ -24,63 +25,6 @@ from evokube_trainer.workflows import (
     ReplayConfig,
     make_optimizer,
 )
-
-# algorithm name in the CRD -> (optimizer registered in workflows, workflow config class)
-ALGORITHMS: Mapping[str, tuple[str, type]] = {
-    "openes": ("open_es", ECConfig),
-    "vanilla-es": ("vanilla_es", ECConfig),
-    "ars": ("ars", ECConfig),
-    "cma-es": ("cma_es", ECConfig),
-    "sep-cma-es": ("sep_cma_es", ECConfig),
-    "sep-cem": ("sep_cem", ECConfig),
-    "ga": ("ga", ECConfig),
-    "erl-ga": ("ga", ERLConfig),
-    "cem-rl": ("sep_cem", CEMRLConfig),
-}
-
-
-def _elites(fraction: float, pop: int) -> int:
-    return max(1, round(fraction * pop))
-
-
-# spec.algorithm.ec field -> optimizer -> (keyword, converter(value, pop_size)).
-# The CRD refuses a field set for an algorithm whose optimizer has no entry here.
-_EC_FIELDS: Mapping[str, Mapping[str, tuple[str, Callable[[Any, int], Any]]]] = {
-    "noiseStd": {
-        "open_es": ("sigma", lambda v, _: v),
-        "vanilla_es": ("sigma", lambda v, _: v),
-        "ars": ("sigma", lambda v, _: v),
-        "cma_es": ("init_sigma", lambda v, _: v),
-        "sep_cma_es": ("init_sigma", lambda v, _: v),
-        "sep_cem": ("init_cov", lambda v, _: v * v),
-        "ga": ("init_std", lambda v, _: v),
-    },
-    "learningRate": {
-        "open_es": ("learning_rate", lambda v, _: v),
-        "ars": ("learning_rate", lambda v, _: v),
-    },
-    "weightDecay": {
-        "open_es": ("weight_decay", lambda v, _: v),
-        "ars": ("weight_decay", lambda v, _: v),
-    },
-    "eliteFraction": {
-        "vanilla_es": ("num_elites", _elites),
-        "sep_cem": ("num_elites", _elites),
-        "cma_es": ("num_elites", _elites),
-        "sep_cma_es": ("num_elites", _elites),
-        "ars": ("num_top_directions", lambda v, pop: max(1, round(v * pop / 2))),
-    },
-    "mirrored": {
-        "open_es": ("mirrored", lambda v, _: v),
-        "vanilla_es": ("mirrored", lambda v, _: v),
-        "sep_cem": ("mirrored", lambda v, _: v),
-    },
-    "numElites": {"ga": ("num_elites", lambda v, _: v)},
-    "tournamentSize": {"ga": ("tournament_size", lambda v, _: v)},
-    "mutationStd": {"ga": ("mutation_std", lambda v, _: v)},
-    "mutationFraction": {"ga": ("mutation_frac", lambda v, _: v)},
-    "crossover": {"ga": ("crossover", lambda v, _: v.replace("-", "_"))},
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,23 +52,17 @@ class RunConfig:
     grace_s: float = 30.0
 
 
-def _ec_options(algorithm: Mapping[str, Any], optimizer: str, pop: int, errors: list) -> dict:
-    options = {}
-    for field, value in (algorithm.get("ec") or {}).items():
-        target = _EC_FIELDS.get(field, {}).get(optimizer)
-        if target is None:
-            errors.append(
-                FieldError(f"spec.algorithm.ec.{field}", f"not used by {algorithm['name']}")
-            )
-            continue
-        keyword, convert = target
-        options[keyword] = convert(value, pop)
-    if algorithm["name"] == "ga" or algorithm["name"] == "erl-ga":
-        if options.get("crossover") == "none":
-            options.pop("crossover")
-        elif "crossover" in options:
-            options["crossover_prob"] = 0.5
-    return options
+def _ec_options(algorithm: Algorithm, ec: Mapping[str, Any], pop: int, source: str) -> dict:
+    """The optimizer's options; a field the algorithm does not read is refused (the CRD refuses
+    it too: this is the last line for a manifest that slipped past an older CRD)."""
+    errors = [
+        FieldError(f"spec.algorithm.ec.{field}", f"not used by {algorithm.name}")
+        for field in ec
+        if not algorithm.reads(field, ec)
+    ]
+    if errors:
+        raise ManifestError(errors, source)
+    return algorithm.distribution(ec).options(ec, pop)
 
 
 def _td3(rl: Mapping[str, Any], hidden: list[int]) -> TD3Config:
@@ -157,11 +95,10 @@ def to_run_config(manifest: Mapping[str, Any]) -> RunConfig:
 def _run_config(manifest: Mapping[str, Any]) -> RunConfig:
     spec = manifest["spec"]
     algorithm, env, pop = spec["algorithm"], spec["environment"], spec["population"]["size"]
-    errors: list[FieldError] = []
-    optimizer, config_type = ALGORITHMS[algorithm["name"]]
-    options = _ec_options(algorithm, optimizer, pop, errors)
-    if errors:
-        raise ManifestError(errors, manifest["metadata"]["name"])
+    entry = ALGORITHMS[algorithm["name"]]
+    ec = algorithm.get("ec") or {}
+    options = _ec_options(entry, ec, pop, manifest["metadata"]["name"])
+    optimizer = entry.distribution(ec).optimizer
     make_optimizer(optimizer, pop, 1, options)  # raises now what it would raise in training
 
     env_config = EnvConfig(
@@ -176,7 +113,7 @@ def _run_config(manifest: Mapping[str, Any]) -> RunConfig:
     hidden = spec["policy"]["hiddenLayers"]
     common = dict(env=env_config, pop_size=pop, optimizer=optimizer, optimizer_options=options)
     workflow: ECConfig | ERLConfig | CEMRLConfig
-    if config_type is ECConfig:
+    if entry.workflow == EC:
         workflow = ECConfig(**common, actor_hidden_sizes=tuple(hidden))
     else:
         rl = algorithm["rl"]
@@ -190,7 +127,7 @@ def _run_config(manifest: Mapping[str, Any]) -> RunConfig:
             replay=replay,
             updates_per_generation=rl.get("updatesPerGeneration"),
         )
-        if config_type is ERLConfig:
+        if entry.workflow == ERL:
             workflow = ERLConfig(
                 **common,
                 **rl_common,

@@ -1,0 +1,127 @@
+"""The algorithm registry, the CRD and the docs say the same thing.
+
+The CRD's rules are evaluated as the API server would (manifest.check runs its CEL), for every
+algorithm, every distribution it may pick and every spec.algorithm.ec field, so a rule that
+names the wrong algorithms fails here, not at a user's admission.
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from evokube_trainer.runtime import manifest
+from evokube_trainer.runtime.algorithms import ALGORITHMS, CEM_RL, EC, ERL
+from evokube_trainer.runtime.config import to_run_config
+from evokube_trainer.workflows import CEMRLConfig, ECConfig, ERLConfig
+from tests.bad_manifests import with_changes
+
+REPO = Path(__file__).resolve().parents[2]
+EC_VALUES = {
+    "noiseStd": 0.1,
+    "learningRate": 0.01,
+    "weightDecay": 0.001,
+    "eliteFraction": 0.5,
+    "mirrored": False,
+    "numElites": 1,
+    "tournamentSize": 3,
+    "mutationStd": 0.1,
+    "mutationFraction": 0.5,
+    "crossover": "uniform",
+}
+CONFIG_TYPES = {EC: ECConfig, ERL: ERLConfig, CEM_RL: CEMRLConfig}
+
+
+def _algorithm_schema() -> dict:
+    return manifest.crd_schema()["properties"]["spec"]["properties"]["algorithm"]
+
+
+def _choices():
+    """(algorithm, its ec settings that pick a distribution) for every distribution."""
+    for name, entry in ALGORITHMS.items():
+        if len(entry.distributions) == 1:
+            yield name, {}
+        else:
+            for distribution in entry.distributions:
+                yield name, {"distribution": distribution}
+
+
+def _manifest(name: str, ec: dict, **changes) -> dict:
+    algorithm: dict = {"name": name, "ec": ec}
+    if ALGORITHMS[name].learns:
+        algorithm["rl"] = {"numAgents": 2}
+    return with_changes({"spec.algorithm": algorithm, **changes})
+
+
+def test_the_crd_offers_exactly_the_registered_algorithms():
+    assert _algorithm_schema()["properties"]["name"]["enum"] == list(ALGORITHMS)
+
+
+def test_the_crd_has_an_ec_field_for_everything_a_distribution_reads():
+    listed = set(_algorithm_schema()["properties"]["ec"]["properties"])
+    read = {
+        f for entry in ALGORITHMS.values() for d in entry.distributions.values() for f in d.fields
+    }
+    assert listed == read | {"distribution"}
+    assert set(EC_VALUES) == read
+
+
+@pytest.mark.parametrize(("name", "choice"), list(_choices()), ids=str)
+def test_the_crd_refuses_exactly_the_ec_fields_the_registry_says_are_unused(name, choice):
+    entry = ALGORITHMS[name]
+    for field, value in EC_VALUES.items():
+        ec = {**choice, field: value}
+        defaulted, errors = manifest.check(_manifest(name, ec))
+        used = entry.reads(field, ec)
+        assert [e.path for e in errors] == ([] if used else [f"spec.algorithm.ec.{field}"]), field
+        if used:
+            config = to_run_config(defaulted).workflow  # and the trainer builds it
+            assert config.optimizer == entry.distribution(ec).optimizer
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_a_distribution_is_chosen_only_where_there_is_a_choice(name):
+    entry = ALGORITHMS[name]
+    for distribution in ("sep-cem", "openes"):
+        errors = manifest.check(_manifest(name, {"distribution": distribution}))[1]
+        allowed = distribution in entry.distributions and len(entry.distributions) > 1
+        assert [e.path for e in errors] == ([] if allowed else ["spec.algorithm.ec.distribution"])
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_rl_settings_are_required_exactly_by_the_learning_algorithms(name):
+    entry = ALGORITHMS[name]
+    without = with_changes({"spec.algorithm": {"name": name}})
+    with_rl = with_changes({"spec.algorithm": {"name": name, "rl": {"numAgents": 2}}})
+    refused = ["spec.algorithm.rl"]
+    assert [e.path for e in manifest.check(without)[1]] == (refused if entry.learns else [])
+    assert [e.path for e in manifest.check(with_rl)[1]] == ([] if entry.learns else refused)
+    config = to_run_config(manifest.check(with_rl if entry.learns else without)[0]).workflow
+    assert type(config) is CONFIG_TYPES[entry.workflow]
+
+
+@pytest.mark.parametrize(("name", "choice"), list(_choices()), ids=str)
+def test_an_odd_population_is_refused_exactly_when_the_distribution_mirrors(name, choice):
+    distribution = ALGORITHMS[name].distribution(choice)
+    settings = [choice]
+    if "mirrored" in distribution.fields:
+        settings += [{**choice, "mirrored": True}, {**choice, "mirrored": False}]
+    for ec in settings:
+        odd = _manifest(name, ec, **{"spec.population.size": 7})
+        errors = [e.path for e in manifest.check(odd)[1]]
+        mirrored = distribution.is_mirrored(ec)
+        assert errors == (["spec.population.size"] if mirrored else []), ec
+
+
+def test_the_docs_list_every_algorithm_with_its_workflow_and_distributions():
+    text = (REPO / "docs" / "trainer-design.md").read_text()
+    section = text.split("## Algorithms", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and re.fullmatch(r"`[a-z-]+`", cells[0]):
+            rows[cells[0].strip("`")] = cells
+    assert list(rows) == list(ALGORITHMS)
+    for name, entry in ALGORITHMS.items():
+        assert rows[name][1] == entry.workflow, name
+        assert rows[name][2] == ", ".join(entry.distributions), name
