@@ -21,6 +21,7 @@ from jax.flatten_util import ravel_pytree
 __all__ = [
     "MLP",
     "Actor",
+    "GaussianActor",
     "ParamFlattener",
     "TwinCritic",
 ]
@@ -58,6 +59,32 @@ class Actor(nn.Module):
     def __call__(self, obs: Array) -> Array:
         x = MLP(self.hidden_sizes, self.action_dim, self.activation)(obs)
         return jnp.tanh(x)
+
+
+class GaussianActor(nn.Module):
+    """Stochastic policy for SAC: obs `[..., obs_dim]` -> (mean, log_std), each
+    `[..., action_dim]`, of a Gaussian over pre-tanh actions.
+
+    A shared MLP trunk feeds two linear heads. `log_std` is squashed smoothly into
+    [log_std_min, log_std_max] (tanh rescaling, as in CleanRL's SAC) rather than clipped, so its
+    gradient never vanishes at the bounds. The deterministic policy is `tanh(mean)`.
+    """
+
+    action_dim: int
+    hidden_sizes: Sequence[int] = (256, 256)
+    activation: Callable[[Array], Array] = nn.relu
+    log_std_min: float = -5.0
+    log_std_max: float = 2.0
+
+    @nn.compact
+    def __call__(self, obs: Array) -> tuple[Array, Array]:
+        x = obs
+        for size in self.hidden_sizes:
+            x = self.activation(nn.Dense(size)(x))
+        mean = nn.Dense(self.action_dim, name="mean")(x)
+        log_std = jnp.tanh(nn.Dense(self.action_dim, name="log_std")(x))  # [-1, 1]
+        log_std = self.log_std_min + 0.5 * (self.log_std_max - self.log_std_min) * (log_std + 1.0)
+        return mean, log_std
 
 
 class TwinCritic(nn.Module):

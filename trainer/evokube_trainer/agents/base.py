@@ -1,0 +1,121 @@
+"""What every RL agent (TD3, SAC) offers the ERL learners, and the small pieces they share.
+
+`Agent` is the protocol `workflows._learners` programs against, so one learner class serves
+every agent:
+
+* the deployable policy that EC evolves: `init_actor_params(key)` builds one actor's parameter
+  pytree (the population member, once flattened), `policy(params, obs)` is its deterministic
+  action in [-1, 1], and `explore(params, obs, noise, scale)` its exploratory action, given
+  standard normal `noise` drawn by the rollout; `scale` 0 is `policy`, and
+  `exploration_scale` is the scale an RL actor's own rollouts use (TD3: the std of additive
+  Gaussian noise; SAC: 1, a sample of the stochastic actor);
+* K independent agents (ERL): `init(key)` and `update_many(state, ...)` on one agent's state,
+  which the learner vmaps; the state exposes the actor's parameters as `state.actor.params`;
+* K actors, one critic (CEM-RL): `init_critic(key)` (everything the actors share),
+  `actor_state_from_params(params)` (wraps a population member for training; `.params` reads
+  it back) and `shared_update(critic, actors, step, batches, key)`, one gradient step of the
+  critic side and of the K actors (leaves `[K, ...]`) on their K batches. Its metrics include
+  `actor_loss` and `actor_updated` (0/1: whether the actors took a step, TD3 delays them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from evokube_trainer.replay import ReplayBuffer, ReplayState, Transition
+
+__all__ = ["Agent", "adam", "apply_gradients", "scan_updates", "soft_update", "td_loss"]
+
+Array = jax.Array
+Params = Any
+Metrics = dict[str, Array]
+_State = TypeVar("_State")
+
+
+class Agent(Protocol):
+    """An RL agent as the ERL learners use it; see the module docstring."""
+
+    @property
+    def exploration_scale(self) -> float: ...
+
+    def init_actor_params(self, key: Array) -> Params: ...
+
+    def policy(self, actor_params: Params, obs: Array) -> Array: ...
+
+    def explore(self, actor_params: Params, obs: Array, noise: Array, scale: Array) -> Array: ...
+
+    def init(self, key: Array) -> Any: ...
+
+    def update_many(
+        self,
+        state: Any,
+        buffer_state: ReplayState,
+        buffer: ReplayBuffer,
+        key: Array,
+        num_updates: int,
+        prepare: Callable[[Transition], Transition] | None = None,
+    ) -> tuple[Any, Metrics]: ...
+
+    def init_critic(self, key: Array) -> Any: ...
+
+    def actor_state_from_params(self, params: Params) -> Any: ...
+
+    def shared_update(
+        self, critic: Any, actors: Any, step: Array, batches: Transition, key: Array
+    ) -> tuple[Any, Any, Metrics]: ...
+
+
+def soft_update(target: Params, online: Params, tau: float) -> Params:
+    """Polyak averaging: `tau * online + (1 - tau) * target`, leaf by leaf."""
+    return jax.tree.map(lambda t, o: tau * o + (1.0 - tau) * t, target, online)
+
+
+def adam(learning_rate: float, max_grad_norm: float | None) -> optax.GradientTransformation:
+    """Adam, after global-norm gradient clipping when `max_grad_norm` is set."""
+    if max_grad_norm is None:
+        return optax.adam(learning_rate)
+    return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(learning_rate))
+
+
+def apply_gradients(
+    optimizer: optax.GradientTransformation, params: Params, opt_state: Any, grads: Params
+) -> tuple[Params, Any]:
+    """One optimizer step: the new params and optimizer state."""
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+def td_loss(q: Array, target_q: Array) -> Array:
+    """Sum over critic heads of the mean squared TD error; q `[num_critics, B]`, target `[B]`."""
+    return jnp.sum(jnp.mean(jnp.square(q - target_q[None]), axis=-1))
+
+
+def scan_updates(
+    update: Callable[[_State, Transition, Array], tuple[_State, Metrics]],
+    state: _State,
+    buffer_state: ReplayState,
+    buffer: ReplayBuffer,
+    key: Array,
+    num_updates: int,
+    prepare: Callable[[Transition], Transition] | None = None,
+) -> tuple[_State, Metrics]:
+    """`num_updates` (static) calls of `update(state, batch, key)`, each on a fresh batch from
+    the buffer (passed through `prepare` first when given, e.g. to normalize its observations).
+
+    Runs as one `lax.scan`; returns the final state and the metrics averaged over the steps.
+    """
+
+    def body(state, step_key):
+        sample_key, update_key = jax.random.split(step_key)
+        batch = buffer.sample(buffer_state, sample_key)
+        if prepare is not None:
+            batch = prepare(batch)
+        return update(state, batch, update_key)
+
+    state, metrics = jax.lax.scan(body, state, jax.random.split(key, num_updates))
+    return state, jax.tree.map(lambda x: jnp.mean(x, axis=0), metrics)
