@@ -19,7 +19,8 @@ initial members; the GA takes them, search distributions ignore them.
 from evokube_trainer.ec._ars import ARS, ARSState
 from evokube_trainer.ec._base import EvoOptimizer
 from evokube_trainer.ec._cma_es import CMAES, CMAESState, SepCMAES
-from evokube_trainer.ec._ga import GA, GAState, replace_worst, tournament_selection
+from evokube_trainer.ec._ga import GA, GAState
+from evokube_trainer.ec._genetic import replace_worst, tournament_selection
 from evokube_trainer.ec._open_es import OpenES, OpenESState
 from evokube_trainer.ec._parts import (
     OptimizerFactory,

@@ -2,30 +2,24 @@
 
 One `tell` builds the next population: the `num_elites` fittest members are copied unchanged to
 the front, every other slot is filled by a tournament winner, optionally crossed with a second
-tournament winner, then mutated. `ask` returns that population as it is and keeps its key in the
-state: `tell` draws its randomness from it (the interface gives `tell` no key).
+tournament winner, then mutated (the operators of `_genetic.py`). `ask` returns that population
+as it is and keeps its key in the state: `tell` draws its randomness from it (the interface gives
+`tell` no key).
 
-RL injection (ERL's synchronisation): before `tell`, overwrite the worst evaluated members with
-the RL actors and write their fitness at the same indices, then tell:
-
-    population, slots = replace_worst(population, fitness, rl_actors)
-    fitness = fitness.at[slots].set(rl_fitness)
-    state, metrics = ga.tell(state, population, fitness)
-
-The actors then compete in selection and survive unchanged if they rank among the elites.
+RL actors join through `replace_worst` before `tell` (ERL's synchronisation).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Literal
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from evokube_trainer.ec._base import EvoOptimizer
+from evokube_trainer.ec._genetic import Crossover, crossover, erl_mutation, tournament_selection
 
 
 @struct.dataclass
@@ -35,47 +29,14 @@ class GAState:
     generation: jax.Array  # [] int32
 
 
-def tournament_selection(
-    key: jax.Array, fitness: jax.Array, num_selected: int, tournament_size: int
-) -> jax.Array:
-    """Indices [num_selected]: each the fittest of `tournament_size` members drawn with
-    replacement."""
-    entrants = jax.random.randint(
-        key, (num_selected, tournament_size), 0, fitness.shape[0]
-    )  # [num_selected, tournament_size]
-    winners = jnp.argmax(fitness[entrants], axis=1)  # [num_selected]
-    return jnp.take_along_axis(entrants, winners[:, None], axis=1)[:, 0]
-
-
-def replace_worst(
-    population: jax.Array, fitness: jax.Array, newcomers: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """Put `newcomers` [k, D] in place of the `k` least fit members of `population` [pop, D].
-
-    Returns the new population and the replaced indices [k] (worst first), so the caller can
-    write the newcomers' fitness with `fitness.at[indices].set(...)`.
-    """
-    indices = jax.lax.top_k(-fitness, newcomers.shape[0])[1]  # [k]
-    return population.at[indices].set(newcomers), indices
-
-
 @dataclasses.dataclass(frozen=True)
 class GA(EvoOptimizer):
     """ERL's GA. Defaults follow the ERL paper's code.
 
-    Mutation: a child is mutated with probability `mutation_prob`; then each weight, with
-    probability `mutation_frac`, is either
-      * super-mutated (prob. `super_mutation_prob`): w += N(0, super_mutation_std * s),
-      * reset (prob. `reset_prob`): w = N(0, reset_std),
-      * or mutated: w += N(0, mutation_std * s),
-    where s = |w| when `relative_mutation` (as in ERL) and 1 otherwise; weights are then clipped
-    to +-`weight_clip`. ERL draws a random number of weights per tensor; a Bernoulli mask over the
-    flat vector is the jit-friendly equivalent.
-
-    Crossover, with probability `crossover_prob` per child, with a second tournament winner:
-    "uniform" takes each weight from either parent; "single_point" takes the first parent's
-    weights before a random cut. (ERL swaps whole rows of weight matrices and always crosses the
-    slots left unselected with an elite; a flat vector has no rows, so one probability it is.)
+    Mutation: `erl_mutation`, whose arguments are the `mutation_*`, `super_mutation_*`,
+    `reset_*`, `relative_mutation` and `weight_clip` fields. Crossover: `crossover` ("uniform" or
+    "single_point"), with probability `crossover_prob` per child, with a second tournament
+    winner (ERL always crosses the slots left unselected with an elite).
 
     The first population is `mean` (member 0) plus members drawn around it with `init_std`;
     `seed_population` replaces it by independent draws (the workflows: one network
@@ -94,7 +55,7 @@ class GA(EvoOptimizer):
     reset_std: float = 1.0
     relative_mutation: bool = True
     crossover_prob: float = 0.0
-    crossover: Literal["uniform", "single_point"] = "uniform"
+    crossover: Crossover = "uniform"
     weight_clip: float = 1e6
 
     def __post_init__(self) -> None:
@@ -134,43 +95,28 @@ class GA(EvoOptimizer):
         children = population[parents]  # [C, D]
         if self.crossover_prob > 0:
             mates = tournament_selection(k_mate, fitness, num_children, self.tournament_size)
-            children = self._cross(k_cross, children, population[mates])
+            children = crossover(
+                k_cross, children, population[mates], self.crossover_prob, self.crossover
+            )
         children = self._mutate(k_mutate, children)
-        next_population = jnp.concatenate([elites, children])
-        state = state.replace(population=next_population, key=key)
+        state = state.replace(population=jnp.concatenate([elites, children]), key=key)
         return state, {"selected_fitness_mean": fitness[parents].mean()}
 
     def best(self, state: GAState) -> jax.Array:
         """Member 0: the best of the last population told (the initial mean before any tell)."""
         return state.population[0]
 
-    def _cross(self, key: jax.Array, first: jax.Array, second: jax.Array) -> jax.Array:
-        """Children [C, D] mixing `first` and `second` parents, each with prob. crossover_prob."""
-        k_apply, k_genes = jax.random.split(key)
-        num_children, num_dims = first.shape
-        if self.crossover == "uniform":
-            from_first = jax.random.bernoulli(k_genes, 0.5, (num_children, num_dims))
-        else:
-            cut = jax.random.randint(k_genes, (num_children, 1), 1, max(num_dims, 2))
-            from_first = jnp.arange(num_dims)[None, :] < cut
-        crossed = jnp.where(from_first, first, second)
-        apply = jax.random.bernoulli(k_apply, self.crossover_prob, (num_children, 1))
-        return jnp.where(apply, crossed, first)
-
     def _mutate(self, key: jax.Array, children: jax.Array) -> jax.Array:
-        """ERL's Gaussian / super / reset mutation of a fraction of each child's weights."""
-        # Two draws instead of five: cheaper to compile and to run eagerly.
-        k_uniform, k_normal = jax.random.split(key)
-        num_children, num_dims = children.shape
-        uniform = jax.random.uniform(k_uniform, (num_children, 2 * num_dims + 1))
-        mutated = uniform[:, :1] < self.mutation_prob  # [C, 1] child is mutated at all
-        touched = (uniform[:, 1 : num_dims + 1] < self.mutation_frac) & mutated  # [C, D]
-        kind = uniform[:, num_dims + 1 :]  # [C, D] picks super / reset / normal
-        noise, reset = jax.random.normal(k_normal, (2, num_children, num_dims), jnp.float32)
-        magnitude = jnp.abs(children) if self.relative_mutation else 1.0
-        is_super = kind < self.super_mutation_prob
-        std = jnp.where(is_super, self.super_mutation_std, self.mutation_std) * magnitude
-        perturbed = children + noise * std
-        is_reset = ~is_super & (kind < self.super_mutation_prob + self.reset_prob)
-        new = jnp.where(is_reset, self.reset_std * reset, perturbed)
-        return jnp.clip(jnp.where(touched, new, children), -self.weight_clip, self.weight_clip)
+        return erl_mutation(
+            key,
+            children,
+            prob=self.mutation_prob,
+            frac=self.mutation_frac,
+            std=self.mutation_std,
+            super_prob=self.super_mutation_prob,
+            super_std=self.super_mutation_std,
+            reset_prob=self.reset_prob,
+            reset_std=self.reset_std,
+            relative=self.relative_mutation,
+            clip=self.weight_clip,
+        )
