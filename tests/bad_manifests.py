@@ -616,7 +616,14 @@ BAD_MANIFESTS += [
             "brax/..": {"spec.environment.name": "brax/.."},
             "env not in gymnax": {"spec.environment.name": "gymnax/NoSuchEnv-v0"},
             "env not in brax": {"spec.environment.name": "brax/pong"},
+            "gymnax env left out of the catalog": {
+                "spec.environment.name": "gymnax/MNISTBandit-bsuite"
+            },
+            "brax env left out of the catalog": {"spec.environment.name": "brax/fast"},
             "discrete env for an RL hybrid": {"spec.environment.name": "gymnax/CartPole-v1"},
+            "discrete image env for an RL hybrid": {
+                "spec.environment.name": "gymnax/Breakout-MinAtar"
+            },
         },
     ),
     BadManifest(
@@ -826,6 +833,18 @@ GOOD_MANIFESTS = [
     GoodManifest(
         "discrete env for an EC algorithm",
         {"spec.algorithm": {"name": "cma-es"}, "spec.environment.name": "gymnax/CartPole-v1"},
+    ),
+    GoodManifest(
+        "continuous gymnax misc env for an RL hybrid",
+        {"spec.environment.name": "gymnax/Reacher-misc"},
+    ),
+    GoodManifest(
+        "image-observation env for an EC algorithm",
+        {"spec.algorithm": {"name": "openes"}, "spec.environment.name": "gymnax/Pong-misc"},
+    ),
+    GoodManifest(
+        "brax env with the mjx backend",
+        {"spec.environment": {"name": "brax/pusher", "backend": "mjx"}},
     ),
 ]
 

@@ -4,6 +4,10 @@
 ``reset(key)`` and ``step(state, action)`` are pure and jittable; see ``EnvState`` for what a
 state holds and ``AutoReset`` for the reset modes and the ``info`` keys.
 
+Names. Every env of the installed gymnax and Brax registries, less a few that cannot run here:
+``env_names()`` lists them and ``env_spec(name)`` tells one's action type, sizes and time limit,
+both read from the committed catalog that ``python -m evokube_trainer.envs.catalog`` generates.
+
 Actions. Policies emit vectors of ``env.action_dim`` floats.
   - Box spaces: by default (``action_squash="clip"``) the vector is read in ``[-1, 1]`` and
     mapped affinely onto the env's bounds, so TD3 and EC actors with a ``tanh`` output layer
@@ -16,7 +20,7 @@ Actions. Policies emit vectors of ``env.action_dim`` floats.
 
 from evokube_trainer.envs._autoreset import AUTORESET_MODES, AutoReset, AutoResetInner
 from evokube_trainer.envs._base import Env, EnvState, Wrapper
-from evokube_trainer.envs._factory import BRAX_ENVS, GYMNAX_ENVS, make_backend_env, make_env
+from evokube_trainer.envs._factory import make_backend_env, make_env
 from evokube_trainer.envs._gymnax import GymnaxEnv
 from evokube_trainer.envs._obs_norm import (
     ObservationNorm,
@@ -37,6 +41,7 @@ from evokube_trainer.envs._wrappers import (
     VmapEnv,
     squash_action,
 )
+from evokube_trainer.envs.catalog import EnvSpec, env_names, env_spec
 
 
 def __getattr__(name: str):
@@ -50,8 +55,6 @@ def __getattr__(name: str):
 
 __all__ = [
     "AUTORESET_MODES",
-    "BRAX_ENVS",
-    "GYMNAX_ENVS",
     "SQUASH_MODES",
     "ActionRepeat",
     "ActionTransform",
@@ -61,6 +64,7 @@ __all__ = [
     "BraxEnv",
     "Discrete",
     "Env",
+    "EnvSpec",
     "EnvState",
     "GymnaxEnv",
     "ObsNormInner",
@@ -71,6 +75,8 @@ __all__ = [
     "VmapEnv",
     "Wrapper",
     "action_dim",
+    "env_names",
+    "env_spec",
     "init_running_stats",
     "make_backend_env",
     "make_env",

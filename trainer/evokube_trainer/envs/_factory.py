@@ -9,29 +9,19 @@ from evokube_trainer.envs._base import Env
 from evokube_trainer.envs._gymnax import GymnaxEnv
 from evokube_trainer.envs._obs_norm import ObservationNorm
 from evokube_trainer.envs._wrappers import ActionRepeat, ActionTransform, RewardScale, VmapEnv
-
-# The envs this package is tested with; any other gymnax id or Brax env name may work as well.
-GYMNAX_ENVS = ("Pendulum-v1", "CartPole-v1", "MountainCarContinuous-v0", "Acrobot-v1")
-BRAX_ENVS = (
-    "hopper",
-    "halfcheetah",
-    "walker2d",
-    "ant",
-    "humanoid",
-    "swimmer",
-    "inverted_pendulum",
-    "inverted_double_pendulum",
-)
+from evokube_trainer.envs.catalog import env_spec
 
 
 def make_backend_env(name: str, *, backend: str | None = None, **env_kwargs) -> Env:
     """The bare, unbatched env for ``"gymnax/<id>"`` or ``"brax/<name>"``: no time limit, no
-    resets, native actions.
+    resets, native actions. ``name`` must be in the env catalog (``catalog.env_names()``): every
+    env of the installed gymnax and Brax registries but the excluded ones.
 
     Envs are immutable, so one is built once per process and arguments, then shared: a
     workflow makes three (rollouts, evaluation, warm-up), and building a Brax env parses its
     MJCF model and traces a reset (about a second each on 2 CPUs).
     """
+    env_spec(name)  # ValueError for a name the catalog does not accept, with the reason
     arguments = tuple(sorted(env_kwargs.items()))
     try:
         hash(arguments)
