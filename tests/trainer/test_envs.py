@@ -118,7 +118,15 @@ def test_make_env_rejects_bad_arguments(name, kwargs):
 
 
 @pytest.mark.parametrize(
-    "name", ["Pendulum-v1", "CartPole-v1", "MountainCarContinuous-v0", "Acrobot-v1"]
+    "name",
+    [
+        "Pendulum-v1",
+        "CartPole-v1",
+        "MountainCarContinuous-v0",
+        "Acrobot-v1",
+        "Breakout-MinAtar",  # image observations [10, 10, 4], flattened
+        "Reacher-misc",
+    ],
 )
 def test_gymnax_env_resets_and_steps_under_jit(name):
     env, first, states = _rollout(f"gymnax/{name}", 4, "random", num_envs=2, episode_length=8)
@@ -371,6 +379,31 @@ def test_brax_halfcheetah_positional_resets_and_steps_under_jit():
     assert states.terminated.sum() == 0
     assert not np.allclose(states.info["final_obs"][2], states.obs[2])  # same-step reset
     np.testing.assert_array_equal(states.info["steps"][:, 0], [1, 2, 0, 1])
+
+
+def test_brax_mjx_and_generalized_backends_run_and_agree():
+    # The smallest Brax env, one copy, two steps and a frozen third: about 30 s of CPU, mostly
+    # compiling (mjx more than generalized). Zero force from the same start: both pipelines
+    # integrate the same model, so they must agree closely.
+    runs = {}
+    for backend in ("mjx", "generalized"):
+        env, first, states = _rollout(
+            "brax/inverted_pendulum",
+            3,
+            "zero",
+            num_envs=1,
+            episode_length=2,
+            autoreset="disabled",
+            backend=backend,
+        )
+        assert env.unwrapped.backend == backend
+        assert env.action_space == Box(-3.0, 3.0, (1,)) and env.obs_dim == 4
+        assert np.isfinite(states.obs).all()
+        np.testing.assert_array_equal(states.reward[:, 0], [1, 1, 0])  # alive, alive, frozen
+        np.testing.assert_array_equal(states.truncated[:, 0], [0, 1, 1])
+        assert not np.allclose(states.obs[0], first.obs)  # the physics moved it
+        runs[backend] = states.obs
+    np.testing.assert_allclose(runs["mjx"], runs["generalized"], atol=1e-3)
 
 
 def test_eager_step_matches_jit():
