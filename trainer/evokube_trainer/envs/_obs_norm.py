@@ -68,9 +68,10 @@ def normalize_obs(
     stats: RunningStats, obs: jax.Array, clip: float | None = 10.0, eps: float = 1e-8
 ) -> jax.Array:
     """``(obs - mean) / sqrt(var + eps)``, optionally clipped to ``[-clip, clip]``; any batch
-    shape ``[..., dim]``."""
+    shape ``[..., dim]``. Stats of no data (count 0) leave ``obs`` unchanged, unclipped."""
     out = (obs - stats.mean) / jnp.sqrt(stats.var + eps)
-    return out if clip is None else jnp.clip(out, -clip, clip)
+    out = out if clip is None else jnp.clip(out, -clip, clip)
+    return jnp.where(stats.count > 0, out, obs)
 
 
 @struct.dataclass
