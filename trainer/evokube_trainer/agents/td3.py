@@ -41,6 +41,7 @@ in [-1, 1]; the env adapter maps them to the env's bounds.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, Literal, TypeVar, cast
 
 import jax
@@ -347,8 +348,10 @@ class TD3:
         buffer: ReplayBuffer,
         key: Array,
         num_updates: int,
+        prepare: Callable[[Transition], Transition] | None = None,
     ) -> tuple[TD3State, dict[str, Array]]:
-        """`num_updates` (static) calls of `update`, each on a fresh batch from the buffer.
+        """`num_updates` (static) calls of `update`, each on a fresh batch from the buffer
+        (passed through `prepare` first when given, e.g. to normalize its observations).
 
         Runs as one `lax.scan`; returns the final state and the metrics averaged over the steps.
         """
@@ -356,6 +359,8 @@ class TD3:
         def body(state, step_key):
             sample_key, update_key = jax.random.split(step_key)
             batch = buffer.sample(buffer_state, sample_key)
+            if prepare is not None:
+                batch = prepare(batch)
             return self.update(state, batch, update_key)
 
         state, metrics = jax.lax.scan(body, state, jax.random.split(key, num_updates))

@@ -53,6 +53,9 @@ class EnvConfig:
     action_repeat: int = 1
     reward_scale: float = 1.0  # scales the rewards stored for the critic; fitness is unscaled
     backend: str | None = None  # Brax physics pipeline; None for the env's default
+    # Policies (and critics) see observations normalized by running statistics pooled over the
+    # population each generation; see `Workflow`. Off by default: states keep their layout.
+    normalize_observations: bool = False
 
     def __post_init__(self):
         if self.episodes_per_member < 1 or self.eval_episodes < 1:
@@ -205,6 +208,7 @@ def make_workflow(
         flatten=flattener.flatten,
         fitness_reduction=config.fitness_reduction,
         layout=layout,
+        normalize_observations=env_config.normalize_observations,
     )
     if td3 is None:
         return Workflow(**common)

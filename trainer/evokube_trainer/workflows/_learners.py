@@ -2,7 +2,7 @@
 
 A learner is a static object with four pure methods, called by `Workflow.step` in this order:
 
-    state, population, m = learner.improve(state, replay_state, population, key)
+    state, population, m = learner.improve(state, replay_state, population, key, obs_stats)
         # gradient steps from the shared replay buffer; may rewrite members (CEM-RL)
     actors, noise_std = learner.actors(state)
         # [k, D] extra actors rolled out next to the population, with their exploration noise
@@ -16,6 +16,11 @@ Two learners cover the published algorithms:
   and, every `injection_interval` generations, they replace the K worst members.
 * `SharedCriticTD3` (CEM-RL, Pourchot & Sigaud 2019): ONE critic; the first K members of every
   population are trained against it and written back before evaluation.
+
+The replay buffer holds raw observations. With observation normalization on, `improve` gets the
+workflow's statistics (frozen for the generation) and normalizes `obs` and `next_obs` of every
+sampled batch before the losses see them (`normalized_batch`), as EvoRL's TD3 agent does in its
+losses: stats that change never invalidate stored transitions.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from flax import struct
 
 from evokube_trainer.agents import TD3, CriticState, TD3State
 from evokube_trainer.ec import replace_worst
-from evokube_trainer.replay import ReplayBuffer, ReplayState
+from evokube_trainer.envs import RunningStats, normalize_obs
+from evokube_trainer.replay import ReplayBuffer, ReplayState, Transition
 
 Array = jax.Array
 Metrics = dict[str, Array]
@@ -42,7 +48,12 @@ class Learner(Protocol):
     def init(self, key: Array) -> Any: ...
 
     def improve(
-        self, state: Any, replay: ReplayState, population: Array, key: Array
+        self,
+        state: Any,
+        replay: ReplayState,
+        population: Array,
+        key: Array,
+        obs_stats: RunningStats | None = None,
     ) -> tuple[Any, Array, Metrics]: ...
 
     def actors(self, state: Any) -> tuple[Array, Array]: ...
@@ -64,6 +75,15 @@ def _when_ready(ready: Array, train: Callable[[Any], tuple[Any, Metrics]], state
 
 def _prefixed(metrics: Metrics, prefix: str = "rl/") -> Metrics:
     return {prefix + name: value for name, value in metrics.items()}
+
+
+def normalized_batch(batch: Transition, obs_stats: RunningStats | None) -> Transition:
+    """`batch` (any batch shape) with `obs` and `next_obs` normalized; as is when stats are None."""
+    if obs_stats is None:
+        return batch
+    return batch.replace(
+        obs=normalize_obs(obs_stats, batch.obs), next_obs=normalize_obs(obs_stats, batch.next_obs)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,11 +113,20 @@ class IndependentTD3:
         return jax.vmap(self.td3.init)(jax.random.split(key, self.num_agents))
 
     def improve(
-        self, state: TD3State, replay: ReplayState, population: Array, key: Array
+        self,
+        state: TD3State,
+        replay: ReplayState,
+        population: Array,
+        key: Array,
+        obs_stats: RunningStats | None = None,
     ) -> tuple[TD3State, Array, Metrics]:
+        prepare = None if obs_stats is None else (lambda batch: normalized_batch(batch, obs_stats))
+
         def train(state: TD3State):
             def one_agent(agent: TD3State, agent_key: Array):
-                return self.td3.update_many(agent, replay, self.buffer, agent_key, self.num_updates)
+                return self.td3.update_many(
+                    agent, replay, self.buffer, agent_key, self.num_updates, prepare
+                )
 
             state, metrics = jax.vmap(one_agent)(state, jax.random.split(key, self.num_agents))
             return state, jax.tree.map(jnp.mean, metrics)  # mean over the K agents
@@ -169,7 +198,12 @@ class SharedCriticTD3:
         return SharedCriticState(critic=self.td3.init_critic(key), step=jnp.zeros((), jnp.int32))
 
     def improve(
-        self, state: SharedCriticState, replay: ReplayState, population: Array, key: Array
+        self,
+        state: SharedCriticState,
+        replay: ReplayState,
+        population: Array,
+        key: Array,
+        obs_stats: RunningStats | None = None,
     ) -> tuple[SharedCriticState, Array, Metrics]:
         td3, k = self.td3, self.num_actors
         interval = td3.config.actor_update_interval
@@ -181,6 +215,7 @@ class SharedCriticTD3:
             sample_key, critic_key = jax.random.split(step_key)
             sample_keys = jax.random.split(sample_key, k)
             batches = jax.vmap(self.buffer.sample, in_axes=(None, 0))(replay, sample_keys)  # [K, B]
+            batches = normalized_batch(batches, obs_stats)
             critic, metrics = td3.shared_critic_update(
                 critic, actors.target_params, batches, critic_key
             )

@@ -6,6 +6,11 @@ autoreset mode, so each copy plays exactly one episode and then freezes), and ti
 `lax.scan` of `episode_length` steps. Nothing loops over individuals in Python.
 
 Shapes: `N` members, `K` episodes per member, `T` steps per episode.
+
+Observation normalization: given `obs_stats`, every policy call sees
+`normalize_obs(obs_stats, obs)` while the env, the transitions and the recorded statistics keep
+the raw observations; `collect_obs_stats` also returns, per member, the running statistics of
+the raw observations it acted on (the workflow pools them into its next generation's stats).
 """
 
 from __future__ import annotations
@@ -18,7 +23,14 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from evokube_trainer.envs import Env, EnvState
+from evokube_trainer.envs import (
+    Env,
+    EnvState,
+    RunningStats,
+    init_running_stats,
+    normalize_obs,
+    update_running_stats,
+)
 from evokube_trainer.replay import Transition
 
 Array = jax.Array
@@ -33,6 +45,9 @@ class RolloutResult:
     env_steps: Array  # [] int32 agent steps actually taken (frozen envs excluded)
     transitions: Transition | None  # leaves [T, N, K, ...] when collected, else None
     valid: Array | None  # [T, N, K] float32 1 where a transition really happened
+    # per member, the raw observations it acted on (count [N], mean and m2 [N, obs_dim]) when
+    # collected, else None
+    obs_stats: RunningStats | None = None
 
 
 def transition_from_step(obs: Array, action: Array, nxt: EnvState) -> Transition:
@@ -73,32 +88,45 @@ class PopulationRollout:
         key: Array,
         *,
         collect_transitions: bool = False,
+        obs_stats: RunningStats | None = None,
+        collect_obs_stats: bool = False,
     ) -> RolloutResult:
         """`flat_params` `[N, D]`; `noise_std` `[N]` Gaussian action noise per member (0 for
-        the deterministic policy)."""
+        the deterministic policy). `obs_stats`: the (frozen) statistics the policy's
+        observations are normalized with; None feeds raw observations. `collect_obs_stats`:
+        also return each member's statistics of the raw observations it acted on."""
         num_members = flat_params.shape[0]
         params = jax.vmap(self.unflatten)(flat_params)  # leaves [N, ...]
         reset_key, noise_key = jax.random.split(key)
         env_state = jax.vmap(self.env.reset)(jax.random.split(reset_key, num_members))  # [N, K]
+        seen = None
+        if collect_obs_stats:
+            empty = init_running_stats(self.env.obs_dim)
+            seen = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_members, *x.shape)), empty)
 
-        def one_step(state: EnvState, step_key: Array):
-            obs = state.obs  # [N, K, obs]
-            action = jax.vmap(self.policy)(params, obs)  # [N, K, act]
+        def one_step(carry, step_key: Array):
+            state, seen = carry
+            obs = state.obs  # [N, K, obs] raw
+            policy_obs = obs if obs_stats is None else normalize_obs(obs_stats, obs)
+            action = jax.vmap(self.policy)(params, policy_obs)  # [N, K, act]
             noise = jax.random.normal(step_key, action.shape, action.dtype)
             action = jnp.clip(action + noise_std[:, None, None] * noise, -1.0, 1.0)
             nxt = jax.vmap(self.env.step)(state, action)
-            valid = 1.0 - nxt.info["frozen"]  # [N, K]
+            valid = 1.0 - nxt.info["frozen"]  # [N, K]: obs was acted on in a live episode
+            if seen is not None:
+                seen = jax.vmap(update_running_stats)(seen, obs, valid)
             transition = transition_from_step(obs, action, nxt) if collect_transitions else None
-            return nxt, (transition, valid)
+            return (nxt, seen), (transition, valid)
 
         step_keys = jax.random.split(noise_key, self.episode_length)
-        final, (transitions, valid) = jax.lax.scan(one_step, env_state, step_keys)
+        (final, seen), (transitions, valid) = jax.lax.scan(one_step, (env_state, seen), step_keys)
         return RolloutResult(
             episode_returns=final.info["episode_return"],  # [N, K]
             episode_lengths=final.info["episode_length"],  # [N, K]
             env_steps=jnp.sum(valid).astype(jnp.int32),
             transitions=transitions,  # [T, N, K, ...] or None
             valid=valid if collect_transitions else None,  # [T, N, K]
+            obs_stats=seen,  # [N] or None
         )
 
 

@@ -16,6 +16,16 @@ Pure EC has no learner and no buffer; ERL and CEM-RL differ only in the learner 
 `jit_workflow` jits it (callers own the jitted functions, nothing is cached on the object) and
 `learn` is the host loop: timing, evaluation, recorders and a per-generation hook for
 checkpoints all stay on the host.
+
+Observation normalization (`normalize_observations`): the state carries running statistics of
+raw observations (`obs_stats`). Within a generation they are frozen: every policy call (the
+population's fitness episodes, the RL actors' episodes, evaluation) sees
+`normalize_obs(obs_stats, obs)`, and the learner normalizes its replay batches with them (the
+buffer keeps raw observations). At the end of the generation they absorb the raw observations
+the population's fitness rollouts acted on, pooled exactly over members, devices and processes:
+per-member stats are reduced over the population axis, which a `DeviceLayout` splits over the
+devices, so XLA all-reduces them and the result is replicated like the rest of the state. With
+a learner, the random warm-up's observations seed them (as in EvoRL's ERL).
 """
 
 from __future__ import annotations
@@ -33,7 +43,14 @@ import numpy as np
 from flax import struct
 
 from evokube_trainer.ec import EvoOptimizer
-from evokube_trainer.envs import Env
+from evokube_trainer.envs import (
+    Env,
+    RunningStats,
+    init_running_stats,
+    merge_running_stats,
+    reduce_running_stats,
+    update_running_stats,
+)
 from evokube_trainer.recorders import Recorder
 from evokube_trainer.replay import ReplayBuffer, ReplayState, Transition
 from evokube_trainer.utils import episode_returns_to_fitness
@@ -58,6 +75,8 @@ class WorkflowState:
     ec: Any  # the EC optimizer's state (search distribution or population)
     learner: Any = None  # the RL learner's state; None for pure EC
     replay: ReplayState | None = None  # the shared replay buffer; None for pure EC
+    # running stats of raw observations (count [], mean and m2 [obs_dim]); None when off
+    obs_stats: RunningStats | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +96,8 @@ class Workflow:
         `warmup_steps_per_env * warmup_env.num_envs` random transitions.
       fitness_reduction: how the K episode returns of a member become one fitness.
       layout: how the generation spreads over devices (`DeviceLayout`); None: one device.
+      normalize_observations: policies and learners see observations normalized with the
+        running statistics in `WorkflowState.obs_stats` (see the module docstring).
     """
 
     optimizer: EvoOptimizer
@@ -90,6 +111,7 @@ class Workflow:
     warmup_steps_per_env: int = 0
     fitness_reduction: str = "mean"
     layout: DeviceLayout | None = None
+    normalize_observations: bool = False
 
     def __post_init__(self):
         if (self.learner is None) != (self.buffer is None):
@@ -111,11 +133,13 @@ class Workflow:
         ec_state = self.optimizer.seed_population(
             ec_state, pop_key, lambda k: self.flatten(self.init_params(k))
         )
+        obs_stats = init_running_stats(self.env.obs_dim) if self.normalize_observations else None
         state = WorkflowState(
             generation=jnp.zeros((), jnp.int32),
             env_steps=jnp.zeros((), jnp.int32),
             key=key,
             ec=ec_state,
+            obs_stats=obs_stats,
         )
         if self.learner is None:
             return state
@@ -125,6 +149,8 @@ class Workflow:
             replay = self.buffer.add(replay, transitions)
             num_random = self.warmup_steps_per_env * self.warmup_env.num_envs
             state = state.replace(env_steps=jnp.asarray(num_random, jnp.int32))
+            if obs_stats is not None:  # as EvoRL's ERL: the warm-up seeds the statistics
+                state = state.replace(obs_stats=update_running_stats(obs_stats, transitions.obs))
         return state.replace(learner=self.learner.init(learner_key), replay=replay)
 
     def state_shapes(self) -> WorkflowState:
@@ -157,7 +183,7 @@ class Workflow:
 
         if self.learner is not None:
             learner_state, population, learn_metrics = self.learner.improve(
-                learner_state, replay, population, learn_key
+                learner_state, replay, population, learn_key, obs_stats=state.obs_stats
             )
             metrics.update(learn_metrics)
             extra, extra_noise = self.learner.actors(learner_state)  # [k, D], [k]
@@ -170,7 +196,12 @@ class Workflow:
             candidates = self.layout.population(candidates)  # rollouts split over devices
         noise_std = jnp.concatenate([jnp.zeros((pop_size,), jnp.float32), extra_noise])
         result = self.rollout.run(
-            candidates, noise_std, rollout_key, collect_transitions=self.learner is not None
+            candidates,
+            noise_std,
+            rollout_key,
+            collect_transitions=self.learner is not None,
+            obs_stats=state.obs_stats,
+            collect_obs_stats=state.obs_stats is not None,
         )
         all_fitness = episode_returns_to_fitness(
             result.episode_returns, reduction=self.fitness_reduction
@@ -186,6 +217,13 @@ class Workflow:
             metrics.update(merge_metrics)
             metrics["replay/size"] = replay.size
 
+        obs_stats = state.obs_stats
+        if obs_stats is not None:
+            # The population's fitness rollouts only (not the RL actors'), pooled over members.
+            members = jax.tree.map(lambda x: x[:pop_size], result.obs_stats)  # [pop]
+            obs_stats = merge_running_stats(obs_stats, reduce_running_stats(members))
+            metrics.update(_obs_stats_metrics(obs_stats))
+
         ec_state, ec_metrics = self.optimizer.tell(ec_state, population, fitness)
         state = WorkflowState(
             generation=state.generation + 1,
@@ -194,6 +232,7 @@ class Workflow:
             ec=ec_state,
             learner=learner_state,
             replay=replay,
+            obs_stats=obs_stats,
         )
         metrics.update({"ec/" + name: value for name, value in ec_metrics.items()})
         metrics["rollout/episode_length_mean"] = jnp.mean(
@@ -214,7 +253,9 @@ class Workflow:
         episodes. The key is derived from the state's, which is left unchanged."""
         params = self.deployable(state)[None]  # [1, D]
         key = jax.random.fold_in(state.key, 0x5EED)
-        result = self.evaluator.run(params, jnp.zeros((1,), jnp.float32), key)
+        result = self.evaluator.run(
+            params, jnp.zeros((1,), jnp.float32), key, obs_stats=state.obs_stats
+        )
         returns = result.episode_returns[0]  # [E]
         return {
             "eval/return_mean": jnp.mean(returns),
@@ -314,6 +355,16 @@ def jit_workflow(workflow: Workflow, *, donate: bool = False) -> JittedWorkflow:
             workflow.evaluate, in_shardings=(states,), out_shardings=layout.replicated
         ),
     )
+
+
+def _obs_stats_metrics(stats: RunningStats) -> Metrics:
+    std = jnp.sqrt(stats.var)
+    return {
+        "obs_norm/count": stats.count,
+        "obs_norm/mean_abs_max": jnp.max(jnp.abs(stats.mean)),
+        "obs_norm/std_min": jnp.min(std),
+        "obs_norm/std_max": jnp.max(std),
+    }
 
 
 def _to_host(metrics: Mapping[str, Array]) -> dict[str, float]:
