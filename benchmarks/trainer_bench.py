@@ -39,6 +39,15 @@ ENVS = {
     "halfcheetah": "brax/halfcheetah",
 }
 DEFAULT_EPISODE_LENGTH = {"pendulum": 200, "halfcheetah": 1000}
+# --algos name -> (label, EC optimizer); "erl*" run ERL's workflow, "cemrl*" CEM-RL's.
+ALGOS = {
+    "openes": ("OpenES", "open_es"),
+    "cemrl": ("CEM-RL", "sep_cem"),
+    "cemrl-openes": ("CEM-RL (OpenES)", "open_es"),
+    "erl": ("ERL-GA", "ga"),
+    "erl-es": ("ERL-ES", "open_es"),
+    "erl-eda": ("ERL-EDA", "sep_cem"),
+}
 
 
 def build_config(algo: str, env_name: str, args: argparse.Namespace):
@@ -55,19 +64,23 @@ def build_config(algo: str, env_name: str, args: argparse.Namespace):
         return ECConfig(
             env=env, pop_size=args.es_pop_size, optimizer="open_es", actor_hidden_sizes=hidden
         )
-    if algo == "cemrl":
+    optimizer = ALGOS[algo][1]
+    if algo.startswith("cemrl"):
         return CEMRLConfig(
             env=env,
             pop_size=args.rl_pop_size,
+            optimizer=optimizer,
             td3=td3,
             updates_per_generation=args.updates,
             replay=replay,
         )
-    if algo == "erl":
+    if algo.startswith("erl"):
+        ga = {"num_elites": max(1, args.rl_pop_size // 5)}
         return ERLConfig(
             env=env,
             pop_size=args.rl_pop_size,
-            optimizer_options={"num_elites": max(1, args.rl_pop_size // 5)},
+            optimizer=optimizer,
+            optimizer_options=ga if optimizer == "ga" else {},
             num_agents=args.erl_agents,
             td3=td3,
             updates_per_generation=args.updates,
@@ -77,9 +90,9 @@ def build_config(algo: str, env_name: str, args: argparse.Namespace):
 
 
 def population_label(algo: str, config) -> str:
-    if algo == "cemrl":
+    if algo.startswith("cemrl"):
         return f"{config.pop_size} ({config.pop_size // 2} TD3 actors)"
-    if algo == "erl":
+    if algo.startswith("erl"):
         return f"{config.pop_size} + {config.num_agents} TD3 agent(s)"
     return str(config.pop_size)
 
@@ -105,7 +118,7 @@ def bench(algo: str, env_name: str, args: argparse.Namespace) -> dict:
     env_steps = int(state.env_steps) - steps_before
     updates = getattr(workflow.learner, "num_updates", 0)
     return {
-        "algo": {"openes": "OpenES", "cemrl": "CEM-RL", "erl": "ERL-GA"}[algo],
+        "algo": ALGOS[algo][0],
         "env": f"{ENVS[env_name]} (T={workflow.rollout.episode_length})",
         "pop": population_label(algo, config),
         "updates": str(updates) if updates else "-",
@@ -119,7 +132,7 @@ def bench(algo: str, env_name: str, args: argparse.Namespace) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
-    parser.add_argument("--algos", nargs="+", default=["cemrl", "erl", "openes"])
+    parser.add_argument("--algos", nargs="+", default=list(ALGOS), choices=list(ALGOS))
     parser.add_argument("--generations", type=int, default=3, help="timed generations")
     add_config_arguments(parser)
     args = parser.parse_args(argv)
