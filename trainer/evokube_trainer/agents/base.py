@@ -29,7 +29,15 @@ import optax
 
 from evokube_trainer.replay import ReplayBuffer, ReplayState, Transition
 
-__all__ = ["Agent", "adam", "apply_gradients", "scan_updates", "soft_update", "td_loss"]
+__all__ = [
+    "Agent",
+    "adam",
+    "additive_noise",
+    "apply_gradients",
+    "scan_updates",
+    "soft_update",
+    "td_loss",
+]
 
 Array = jax.Array
 Params = Any
@@ -68,6 +76,12 @@ class Agent(Protocol):
     def shared_update(
         self, critic: Any, actors: Any, step: Array, batches: Transition, key: Array
     ) -> tuple[Any, Any, Metrics]: ...
+
+
+def additive_noise(action: Array, noise: Array, scale: Array) -> Array:
+    """`clip(action + scale * noise, -1, 1)`: Gaussian exploration of std `scale` around a
+    deterministic action, given standard normal `noise`."""
+    return jnp.clip(action + scale * noise, -1.0, 1.0)
 
 
 def soft_update(target: Params, online: Params, tau: float) -> Params:

@@ -27,11 +27,15 @@ How the ERL algorithms use it:
 
 * K independent agents (ERL-GA style): stack K `TD3State`s (`jax.vmap(td3.init)(keys)`) and
   `jax.vmap(td3.update)(states, batches, keys)`; the delay branch becomes a select under vmap.
-* K actors sharing one critic (CEM-RL): `shared_critic_update(critic, actor_targets[K], batches
-  [K, B], key)` takes one gradient step on the mean of the K per-actor critic losses; then
-  `jax.vmap(td3.actor_update, in_axes=(0, None, 0))(actors, critic.params, batches)` moves every
-  actor against the shared critic. Actors coming from the EC side are wrapped with
+* K actors sharing one critic (CEM-RL): `shared_update(critic, actors[K], step, batches[K, B],
+  key)` is the same step for K actors: `shared_critic_update` takes one gradient step on the
+  mean of the K per-actor critic losses; every `actor_update_interval` steps each actor then
+  takes a policy-gradient step against the shared critic (`jax.vmap(td3.actor_update, ...)`)
+  and all targets are soft-updated. Actors coming from the EC side are wrapped with
   `actor_state_from_params` (fresh target and optimizer state).
+
+TD3 is an `agents.base.Agent`; it explores with additive Gaussian noise of std
+`exploration_noise` on the deterministic policy (`explore`).
 
 Transitions follow `replay.Transition`: `terminated` stops bootstrapping (discount multiplied by
 `1 - terminated`), `truncated` does not (a time limit is not a true end of the MDP). Actions are
@@ -49,6 +53,14 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from evokube_trainer.agents.base import (
+    adam,
+    additive_noise,
+    apply_gradients,
+    scan_updates,
+    soft_update,
+    td_loss,
+)
 from evokube_trainer.agents.networks import Actor, TwinCritic
 from evokube_trainer.replay import ReplayBuffer, ReplayState, Transition
 
@@ -58,7 +70,6 @@ __all__ = [
     "CriticState",
     "TD3Config",
     "TD3State",
-    "soft_update",
 ]
 
 Array = jax.Array
@@ -117,15 +128,6 @@ class TD3State:
 _NetState = TypeVar("_NetState", ActorState, CriticState)
 
 
-def soft_update(target: Params, online: Params, tau: float) -> Params:
-    """Polyak averaging: `tau * online + (1 - tau) * target`, leaf by leaf."""
-    return jax.tree.map(lambda t, o: tau * o + (1.0 - tau) * t, target, online)
-
-
-def _mean_metrics(metrics: dict[str, Array]) -> dict[str, Array]:
-    return jax.tree.map(lambda x: jnp.mean(x, axis=0), metrics)
-
-
 @dataclasses.dataclass(frozen=True)
 class TD3:
     """Static TD3 logic; see the module docstring for how the pieces fit."""
@@ -145,19 +147,13 @@ class TD3:
         cfg = self.config
         return TwinCritic(cfg.critic_hidden_sizes, cfg.critic_layer_norm, cfg.num_critics)
 
-    def _optimizer(self, learning_rate: float) -> optax.GradientTransformation:
-        adam = optax.adam(learning_rate)
-        if self.config.max_grad_norm is None:
-            return adam
-        return optax.chain(optax.clip_by_global_norm(self.config.max_grad_norm), adam)
-
     @property
     def actor_optimizer(self) -> optax.GradientTransformation:
-        return self._optimizer(self.config.actor_lr)
+        return adam(self.config.actor_lr, self.config.max_grad_norm)
 
     @property
     def critic_optimizer(self) -> optax.GradientTransformation:
-        return self._optimizer(self.config.critic_lr)
+        return adam(self.config.critic_lr, self.config.max_grad_norm)
 
     # ---- init ---------------------------------------------------------------------------------
 
@@ -199,6 +195,15 @@ class TD3:
         """Deterministic action `[..., action_dim]` in [-1, 1]."""
         return cast(Array, self.actor_network.apply(actor_params, obs))
 
+    @property
+    def exploration_scale(self) -> float:
+        """The `explore` scale of an RL actor's rollouts: the std of its action noise."""
+        return self.config.exploration_noise
+
+    def explore(self, actor_params: Params, obs: Array, noise: Array, scale: Array) -> Array:
+        """`clip(policy + scale * noise, -1, 1)`; noise ~ N(0, 1) `[..., action_dim]`."""
+        return additive_noise(self.policy(actor_params, obs), noise, scale)
+
     def q_values(self, critic_params: Params, obs: Array, action: Array) -> Array:
         """Q estimates of every critic head, `[num_critics, ...]`."""
         return cast(Array, self.critic_network.apply(critic_params, obs, action))
@@ -232,12 +237,12 @@ class TD3:
     ) -> tuple[Array, Array]:
         """Sum over critic heads of the mean squared TD error; aux = mean Q."""
         q = self.q_values(critic_params, batch.obs, batch.action)  # [num_critics, B]
-        loss = jnp.sum(jnp.mean(jnp.square(q - target_q[None]), axis=-1))
-        return loss, jnp.mean(q)
+        return td_loss(q, target_q), jnp.mean(q)
 
     def _apply_critic_grads(self, critic: CriticState, grads: Params) -> CriticState:
-        updates, opt_state = self.critic_optimizer.update(grads, critic.opt_state, critic.params)
-        params = optax.apply_updates(critic.params, updates)
+        params, opt_state = apply_gradients(
+            self.critic_optimizer, critic.params, critic.opt_state, grads
+        )
         return dataclasses.replace(critic, params=params, opt_state=opt_state)
 
     def critic_update(
@@ -296,8 +301,9 @@ class TD3:
     ) -> tuple[ActorState, dict[str, Array]]:
         """One policy-gradient step against `critic_params`; the actor target is untouched."""
         loss, grads = jax.value_and_grad(self.actor_loss)(actor.params, critic_params, batch.obs)
-        updates, opt_state = self.actor_optimizer.update(grads, actor.opt_state, actor.params)
-        params = optax.apply_updates(actor.params, updates)
+        params, opt_state = apply_gradients(
+            self.actor_optimizer, actor.params, actor.opt_state, grads
+        )
         actor = dataclasses.replace(actor, params=params, opt_state=opt_state)
         return actor, {"actor_loss": loss}
 
@@ -355,13 +361,42 @@ class TD3:
 
         Runs as one `lax.scan`; returns the final state and the metrics averaged over the steps.
         """
+        return scan_updates(self.update, state, buffer_state, buffer, key, num_updates, prepare)
 
-        def body(state, step_key):
-            sample_key, update_key = jax.random.split(step_key)
-            batch = buffer.sample(buffer_state, sample_key)
-            if prepare is not None:
-                batch = prepare(batch)
-            return self.update(state, batch, update_key)
+    def shared_update(
+        self,
+        critic: CriticState,
+        actors: ActorState,
+        step: Array,
+        batches: Transition,
+        key: Array,
+    ) -> tuple[CriticState, ActorState, dict[str, Array]]:
+        """One CEM-RL step: K actors (leaves `[K, ...]`) and one critic, batch k for actor k.
 
-        state, metrics = jax.lax.scan(body, state, jax.random.split(key, num_updates))
-        return state, _mean_metrics(metrics)
+        `step` counts the critic steps taken before this one. The critic steps on the mean of
+        the K per-actor losses; every `actor_update_interval` steps each actor also takes a
+        policy-gradient step against the new critic, then every target is soft-updated.
+        Metrics as `update`'s; actor_loss is the mean over actors, 0 when they did not step.
+        """
+        critic, metrics = self.shared_critic_update(critic, actors.target_params, batches, key)
+        do_actors = (step + 1) % self.config.actor_update_interval == 0
+
+        def with_actors(critic, actors):
+            actors, actor_metrics = jax.vmap(self.actor_update, in_axes=(0, None, 0))(
+                actors, critic.params, batches
+            )
+            actors = jax.vmap(self.update_target)(actors)
+            return self.update_target(critic), actors, jnp.mean(actor_metrics["actor_loss"])
+
+        def without_actors(critic, actors):
+            return critic, actors, jnp.zeros((), jnp.float32)
+
+        critic, actors, actor_loss = jax.lax.cond(
+            do_actors, with_actors, without_actors, critic, actors
+        )
+        metrics = {
+            **metrics,
+            "actor_loss": actor_loss,
+            "actor_updated": do_actors.astype(jnp.float32),
+        }
+        return critic, actors, metrics
