@@ -113,6 +113,16 @@ def test_an_odd_population_is_refused_exactly_when_the_distribution_mirrors(name
         assert errors == (["spec.population.size"] if mirrored else []), ec
 
 
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_observations_are_normalized_by_the_algorithms_default_unless_the_spec_says(name):
+    entry = ALGORITHMS[name]
+    for setting, expected in ((None, entry.normalize_observations), (True, True), (False, False)):
+        changes = {} if setting is None else {"spec.environment.normalizeObservations": setting}
+        defaulted, errors = manifest.check(_manifest(name, {}, **changes))
+        assert errors == []
+        assert to_run_config(defaulted).workflow.env.normalize_observations is expected
+
+
 def test_the_docs_list_every_algorithm_with_its_workflow_and_distributions():
     text = (REPO / "docs" / "trainer-design.md").read_text()
     section = text.split("## Algorithms", 1)[1].split("\n## ", 1)[0]
@@ -125,3 +135,4 @@ def test_the_docs_list_every_algorithm_with_its_workflow_and_distributions():
     for name, entry in ALGORITHMS.items():
         assert rows[name][1] == entry.workflow, name
         assert rows[name][2] == ", ".join(entry.distributions), name
+        assert rows[name][3] == ("yes" if entry.normalize_observations else "no"), name

@@ -123,13 +123,15 @@ class Algorithm:
     `distributions`: the EC distributions it may evolve, by their `spec.algorithm.ec.distribution`
     name; the first is the default, and only an algorithm with several reads that field.
     `workflow` is EC, ERL or CEM_RL; the last two read `spec.algorithm.rl` (required) and need
-    continuous actions.
+    continuous actions. `normalize_observations`: the default of
+    spec.environment.normalizeObservations, EvoRL's for the same algorithm (docs/trainer-design.md).
     """
 
     name: str
     summary: str
     workflow: str
     distributions: Mapping[str, Distribution]
+    normalize_observations: bool = False
 
     @property
     def learns(self) -> bool:
@@ -152,12 +154,38 @@ def _entries(*algorithms: Algorithm) -> Mapping[str, Algorithm]:
 
 
 ALGORITHMS: Mapping[str, Algorithm] = _entries(
-    Algorithm("openes", "OpenAI-ES: a search gradient and Adam", EC, {"openes": OPEN_ES}),
-    Algorithm("vanilla-es", "(mu, lambda)-ES on the elite mean", EC, {"vanilla-es": VANILLA_ES}),
-    Algorithm("ars", "Augmented Random Search (V1-t)", EC, {"ars": ARS}),
+    Algorithm(
+        "openes",
+        "OpenAI-ES: a search gradient and Adam",
+        EC,
+        {"openes": OPEN_ES},
+        normalize_observations=True,
+    ),
+    Algorithm(
+        "vanilla-es",
+        "(mu, lambda)-ES on the elite mean",
+        EC,
+        {"vanilla-es": VANILLA_ES},
+        normalize_observations=True,
+    ),
+    Algorithm(
+        "ars", "Augmented Random Search (V1-t)", EC, {"ars": ARS}, normalize_observations=True
+    ),
     Algorithm("cma-es", "CMA-ES", EC, {"cma-es": CMA_ES}),
-    Algorithm("sep-cma-es", "CMA-ES with a diagonal covariance", EC, {"sep-cma-es": SEP_CMA_ES}),
-    Algorithm("sep-cem", "Cross-entropy method, diagonal covariance", EC, {"sep-cem": SEP_CEM}),
+    Algorithm(
+        "sep-cma-es",
+        "CMA-ES with a diagonal covariance",
+        EC,
+        {"sep-cma-es": SEP_CMA_ES},
+        normalize_observations=True,
+    ),
+    Algorithm(
+        "sep-cem",
+        "Cross-entropy method, diagonal covariance",
+        EC,
+        {"sep-cem": SEP_CEM},
+        normalize_observations=True,
+    ),
     Algorithm("ga", "Genetic algorithm (elitism, tournaments, mutation)", EC, {"ga": GA}),
     Algorithm("erl-ga", "ERL: a GA plus K independent RL learners", ERL, {"ga": GA}),
     Algorithm("erl-es", "ERL with OpenES in place of the GA", ERL, {"openes": OPEN_ES}),

@@ -109,6 +109,7 @@ def _run_config(manifest: Mapping[str, Any]) -> RunConfig:
         action_repeat=env["actionRepeat"],
         reward_scale=float(env["rewardScale"]),
         backend=env.get("backend"),
+        normalize_observations=env.get("normalizeObservations", entry.normalize_observations),
     )
     hidden = spec["policy"]["hiddenLayers"]
     common = dict(env=env_config, pop_size=pop, optimizer=optimizer, optimizer_options=options)
