@@ -216,3 +216,30 @@ def test_a_checkpoint_without_stats_is_refused_by_a_run_that_normalizes(tmp_path
     checkpointer.save(3, zeros)
     with pytest.raises(IncompatibleCheckpoint, match="obs_stats"):
         checkpointer.restore_latest(make_workflow(EC).state_shapes())
+
+
+def test_openes_with_normalized_observations_learns_pendulum():
+    """OpenES, pop 32, two 200-step episodes per member, 150 generations (about 25 s here).
+    Measured over seeds 0-5, evaluation return at generation 150: normalized -150 to -310
+    (mean -199); raw -167 to -1227 (mean -386; seed 0, this one, stays at -1227)."""
+    config = ECConfig(
+        env=EnvConfig(
+            "gymnax/Pendulum-v1",
+            episodes_per_member=2,
+            eval_episodes=16,
+            normalize_observations=True,
+        ),
+        pop_size=32,
+        optimizer_options={"sigma": 0.1, "learning_rate": 0.05},
+        actor_hidden_sizes=(16, 16),
+    )
+    workflow = make_workflow(config)
+    fns = jit_workflow(workflow)
+    state = workflow.learn(
+        fns.init(jax.random.PRNGKey(0)),
+        stop=lambda m: m["generation"] >= 150,
+        eval_every=0,
+        jitted=fns,
+    )
+    evaluation = fns.evaluate(state.replace(key=jax.random.PRNGKey(999)))
+    assert float(evaluation["eval/return_mean"]) > -450
