@@ -70,7 +70,7 @@ def tiny_erl():
         pop_size=4,
         optimizer_options={"num_elites": 1},
         num_agents=2,
-        td3=SMALL_TD3,
+        agent=SMALL_TD3,
         updates_per_generation=4,
         replay=SMALL_REPLAY,
     )
@@ -81,7 +81,7 @@ def tiny_erl():
 @pytest.fixture(scope="module")
 def tiny_cemrl():
     config = CEMRLConfig(
-        env=NORMALIZED, pop_size=4, td3=SMALL_TD3, updates_per_generation=4, replay=SMALL_REPLAY
+        env=NORMALIZED, pop_size=4, agent=SMALL_TD3, updates_per_generation=4, replay=SMALL_REPLAY
     )
     workflow = make_workflow(config)
     return workflow, jit_workflow(workflow)

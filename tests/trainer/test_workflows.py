@@ -1,6 +1,7 @@
 """Tests of the generation loop: structure (shared vs independent critics, injection, rollouts,
-warm-up), determinism (save -> restore -> step), one jitted step without retracing, and three
-small end-to-end learning runs on gymnax tasks sized for a CPU.
+warm-up), both RL agents (TD3 and SAC) in both RL workflows, determinism (save -> restore ->
+step), one jitted step without retracing, and small end-to-end learning runs on gymnax tasks
+sized for a CPU.
 
 Compilation dominates on CPU, so the small workflows are module fixtures compiled once.
 """
@@ -13,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from evokube_trainer.agents import TD3Config
+from evokube_trainer.agents import SACConfig, SACState, SoftCriticState, TD3Config
 from evokube_trainer.recorders import MemoryRecorder
 from evokube_trainer.runtime.checkpoints import Checkpointer, IncompatibleCheckpoint
 from evokube_trainer.workflows import (
@@ -29,6 +30,7 @@ from evokube_trainer.workflows import (
 
 PENDULUM = "gymnax/Pendulum-v1"
 SMALL_TD3 = TD3Config(actor_hidden_sizes=(16, 16), critic_hidden_sizes=(32, 32))
+SMALL_SAC = SACConfig(actor_hidden_sizes=(16, 16), critic_hidden_sizes=(32, 32))
 SMALL_REPLAY = ReplayConfig(capacity=4096, batch_size=32, warmup_steps=256, warmup_envs=4)
 SHORT_PENDULUM = EnvConfig(PENDULUM, episode_length=20, episodes_per_member=2, eval_episodes=2)
 
@@ -48,7 +50,7 @@ def tiny_erl():
         pop_size=4,
         optimizer_options={"num_elites": 1},
         num_agents=2,
-        td3=SMALL_TD3,
+        agent=SMALL_TD3,
         updates_per_generation=8,
         replay=SMALL_REPLAY,
     )
@@ -59,7 +61,40 @@ def tiny_erl():
 @pytest.fixture(scope="module")
 def tiny_cemrl():
     config = CEMRLConfig(
-        env=SHORT_PENDULUM, pop_size=6, td3=SMALL_TD3, updates_per_generation=8, replay=SMALL_REPLAY
+        env=SHORT_PENDULUM,
+        pop_size=6,
+        agent=SMALL_TD3,
+        updates_per_generation=8,
+        replay=SMALL_REPLAY,
+    )
+    workflow = make_workflow(config)
+    return workflow, jit_workflow(workflow)
+
+
+@pytest.fixture(scope="module")
+def tiny_sac_erl():
+    """As `tiny_erl`, with SAC agents."""
+    config = ERLConfig(
+        env=SHORT_PENDULUM,
+        pop_size=4,
+        optimizer_options={"num_elites": 1},
+        num_agents=2,
+        agent=SMALL_SAC,
+        updates_per_generation=8,
+        replay=SMALL_REPLAY,
+    )
+    workflow = make_workflow(config)
+    return workflow, jit_workflow(workflow)
+
+
+@pytest.fixture(scope="module")
+def tiny_sac_cemrl():
+    config = CEMRLConfig(
+        env=SHORT_PENDULUM,
+        pop_size=6,
+        agent=SMALL_SAC,
+        updates_per_generation=8,
+        replay=SMALL_REPLAY,
     )
     workflow = make_workflow(config)
     return workflow, jit_workflow(workflow)
@@ -73,7 +108,7 @@ def test_cemrl_has_one_shared_critic_and_half_the_population_as_actors(tiny_cemr
     assert workflow.learner.num_actors == 3  # pop_size // 2
     state = fns.init(jax.random.PRNGKey(0))
     assert isinstance(state.learner, SharedCriticState)
-    one_critic = workflow.learner.td3.init_critic(jax.random.PRNGKey(1))
+    one_critic = workflow.learner.agent.init_critic(jax.random.PRNGKey(1))
     shapes = jax.tree.map(jnp.shape, state.learner.critic.params)
     assert shapes == jax.tree.map(jnp.shape, one_critic.params)  # no [K] axis: one critic
     next_state, metrics = fns.step(state)
@@ -96,7 +131,7 @@ def test_cemrl_trains_the_first_k_members_and_leaves_the_rest(tiny_cemrl):
 def test_erl_agents_have_independent_critics(tiny_erl):
     workflow, fns = tiny_erl
     state = fns.init(jax.random.PRNGKey(0))
-    one_critic = workflow.learner.td3.init_critic(jax.random.PRNGKey(1))
+    one_critic = workflow.learner.agent.init_critic(jax.random.PRNGKey(1))
     for stacked, single in zip(
         jax.tree.leaves(state.learner.critic.params),
         jax.tree.leaves(one_critic.params),
@@ -150,6 +185,75 @@ def test_erl_step_puts_the_rl_actors_into_the_ga_population(tiny_erl):
     warmup = 256
     assert int(state.replay.size) == warmup + (4 + 2) * 2 * 20
     assert int(state.env_steps) == warmup + (4 + 2) * 2 * 20
+
+
+def test_rl_configs_take_a_td3_or_sac_agent():
+    assert ERLConfig().agent == TD3Config() == CEMRLConfig().agent  # TD3 stays the default
+    assert CEMRLConfig(agent=SMALL_SAC).agent is SMALL_SAC
+    # `td3=` is kept, for now, as an alias of `agent=`.
+    assert ERLConfig(td3=SMALL_TD3).agent is SMALL_TD3
+    assert dataclasses.replace(ERLConfig(td3=SMALL_TD3), pop_size=3).agent is SMALL_TD3
+    with pytest.raises(TypeError, match="TD3Config or SACConfig"):
+        ERLConfig(agent={"learner": "sac"})
+    with pytest.raises(ValueError, match="SAC needs continuous actions"):
+        make_workflow(CEMRLConfig(env=EnvConfig("gymnax/CartPole-v1"), agent=SMALL_SAC))
+
+
+def test_sac_erl_agents_have_independent_soft_critics(tiny_sac_erl):
+    workflow, fns = tiny_sac_erl
+    state = fns.init(jax.random.PRNGKey(0))
+    assert isinstance(state.learner, SACState)
+    one_critic = workflow.learner.agent.init_critic(jax.random.PRNGKey(1))
+    shapes = jax.tree.map(jnp.shape, state.learner.critic)
+    assert shapes == jax.tree.map(lambda x: (2, *jnp.shape(x)), one_critic)  # [K, ...]
+    state, metrics = fns.step(state)
+    np.testing.assert_array_equal(state.learner.step, [8, 8])
+    assert not np.array_equal(*state.learner.critic.log_alpha)  # each agent its own alpha
+    assert all(np.isfinite(metrics[f"rl/{name}"]) for name in ("critic_loss", "alpha", "entropy"))
+    assert metrics["rl/injected"] == 1.0
+    # The population members are the whole Gaussian actors, both heads.
+    actors, scale = workflow.learner.actors(state.learner)
+    np.testing.assert_array_equal(
+        actors[0], workflow.flatten(jax.tree.map(lambda x: x[0], state.learner.actor.params))
+    )
+    np.testing.assert_array_equal(scale, [1.0, 1.0])  # the RL actors sample their policy
+
+
+def test_rollouts_sample_sac_actors_and_play_members_deterministically(tiny_sac_erl):
+    workflow, _ = tiny_sac_erl
+    agent = workflow.learner.agent
+    member = workflow.flatten(agent.init_actor_params(jax.random.PRNGKey(1)))
+    candidates = jnp.stack([member, member])  # the same actor, scale 0 and scale 1
+    run = jax.jit(
+        lambda c, k: workflow.rollout.run(c, jnp.array([0.0, 1.0]), k, collect_transitions=True)
+    )
+    transitions = run(candidates, jax.random.PRNGKey(2)).transitions  # [T, 2, K, ...]
+    params = workflow.rollout.unflatten(member)
+    deterministic = agent.policy(params, transitions.obs)
+    np.testing.assert_allclose(transitions.action[:, 0], deterministic[:, 0], rtol=1e-5, atol=1e-6)
+    explored = transitions.action[:, 1]
+    assert not np.allclose(explored, deterministic[:, 1], atol=1e-3)
+    assert np.all(np.abs(explored) <= 1.0)
+
+
+def test_sac_cemrl_shares_one_soft_critic_and_trains_the_first_k(tiny_sac_cemrl):
+    workflow, fns = tiny_sac_cemrl
+    state = fns.init(jax.random.PRNGKey(0))
+    assert isinstance(state.learner.critic, SoftCriticState)
+    one_critic = workflow.learner.agent.init_critic(jax.random.PRNGKey(1))
+    assert jax.tree.map(jnp.shape, state.learner.critic) == jax.tree.map(jnp.shape, one_critic)
+    population, _ = workflow.optimizer.ask(state.ec, jax.random.PRNGKey(3))
+    improve = jax.jit(workflow.learner.improve)
+    learner, trained, metrics = improve(
+        state.learner, state.replay, population, jax.random.PRNGKey(4)
+    )
+    changed = np.any(np.asarray(trained != population), axis=1)
+    np.testing.assert_array_equal(changed, [True, True, True, False, False, False])
+    assert int(learner.step) == 8
+    assert float(learner.critic.log_alpha) != float(state.learner.critic.log_alpha)
+    assert np.isfinite(metrics["rl/actor_loss"]) and np.isfinite(metrics["rl/alpha"])
+    _, metrics = fns.step(state)
+    assert np.isfinite(metrics["rl/trained_fitness_mean"])
 
 
 def test_ec_workflow_has_no_learner_or_buffer():
@@ -210,7 +314,7 @@ def test_erl_es_and_erl_eda_variants_step(tiny_erl):
             pop_size=4,
             optimizer=optimizer,
             optimizer_options=options,
-            td3=SMALL_TD3,
+            agent=SMALL_TD3,
             updates_per_generation=4,
             replay=SMALL_REPLAY,
         )
@@ -223,7 +327,7 @@ def test_erl_es_and_erl_eda_variants_step(tiny_erl):
 # ---- determinism and compilation -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["tiny_erl", "tiny_cemrl"])
+@pytest.mark.parametrize("name", ["tiny_erl", "tiny_cemrl", "tiny_sac_erl", "tiny_sac_cemrl"])
 def test_save_restore_then_step_matches_stepping_on(name, request, tmp_path):
     workflow, fns = request.getfixturevalue(name)
     state = fns.init(jax.random.PRNGKey(7))
@@ -346,7 +450,7 @@ def test_cemrl_learns_pendulum():
     config = CEMRLConfig(
         env=EnvConfig(PENDULUM, eval_episodes=10),
         pop_size=10,
-        td3=LEARNING_TD3,
+        agent=LEARNING_TD3,
         updates_per_generation=400,
         replay=LEARNING_REPLAY,
     )
@@ -366,7 +470,7 @@ def test_erl_ga_learns_pendulum():
         pop_size=6,
         optimizer_options={"num_elites": 2},
         num_agents=2,
-        td3=LEARNING_TD3,
+        agent=LEARNING_TD3,
         updates_per_generation=400,
         replay=LEARNING_REPLAY,
     )

@@ -23,10 +23,10 @@ from evokube_trainer.workflows._configs import (
 )
 from evokube_trainer.workflows._layout import DeviceLayout
 from evokube_trainer.workflows._learners import (
-    IndependentTD3,
+    IndependentAgents,
     Learner,
+    SharedCritic,
     SharedCriticState,
-    SharedCriticTD3,
 )
 from evokube_trainer.workflows._rollout import PopulationRollout, RolloutResult, random_transitions
 from evokube_trainer.workflows._workflow import (
@@ -43,14 +43,14 @@ __all__ = [
     "ECConfig",
     "ERLConfig",
     "EnvConfig",
-    "IndependentTD3",
+    "IndependentAgents",
     "JittedWorkflow",
     "Learner",
     "PopulationRollout",
     "ReplayConfig",
     "RolloutResult",
+    "SharedCritic",
     "SharedCriticState",
-    "SharedCriticTD3",
     "Workflow",
     "WorkflowState",
     "episode_length_of",

@@ -6,8 +6,11 @@ own hyperparameters through `optimizer_options`; everything else is a field with
 
 * `ECConfig`     pure evolution of a deterministic MLP actor (OpenES, CMA-ES, GA, ...).
 * `ERLConfig`    ERL: an optimizer (the GA by default; OpenES gives ERL-ES, SepCEM ERL-EDA)
-                 plus K independent TD3 agents injected every `injection_interval` generations.
+                 plus K independent RL agents injected every `injection_interval` generations.
 * `CEMRLConfig`  CEM-RL: SepCEM plus K actors trained against one shared critic.
+
+ERL and CEM-RL take their RL agent's config as `agent`: `TD3Config` (the default) or
+`SACConfig`; its `actor_hidden_sizes` is the architecture the population evolves.
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from evokube_trainer.agents import TD3, Actor, ParamFlattener, TD3Config
+from evokube_trainer.agents import SAC, TD3, Actor, Agent, ParamFlattener, SACConfig, TD3Config
 from evokube_trainer.ec import ARS, CMAES, GA, EvoOptimizer, OpenES, SepCEM, SepCMAES, VanillaES
 from evokube_trainer.envs import AutoReset, Box, Env, make_env
 from evokube_trainer.replay import ReplayBuffer
 from evokube_trainer.workflows._layout import DeviceLayout
-from evokube_trainer.workflows._learners import IndependentTD3, SharedCriticTD3
+from evokube_trainer.workflows._learners import IndependentAgents, SharedCritic
 from evokube_trainer.workflows._rollout import PopulationRollout
 from evokube_trainer.workflows._workflow import Workflow
 
@@ -94,36 +97,58 @@ class ECConfig(_PopulationConfig):
     actor_hidden_sizes: tuple[int, ...] = (64, 64)
 
 
+AgentConfig = TD3Config | SACConfig
+
+
+def _set_agent(config: ERLConfig | CEMRLConfig, td3: TD3Config | None) -> None:
+    """`__post_init__` of the RL configs: takes the transitional `td3=` keyword, checks `agent`."""
+    if td3 is not None:
+        object.__setattr__(config, "agent", td3)
+    if not isinstance(config.agent, AgentConfig):
+        raise TypeError(f"agent must be a TD3Config or SACConfig, got {type(config.agent)}")
+
+
 @dataclasses.dataclass(frozen=True)
 class ERLConfig(_PopulationConfig):
-    """ERL (Khadka & Tumer, 2018). The actor architecture is `td3.actor_hidden_sizes`.
+    """ERL (Khadka & Tumer, 2018). The actor architecture is `agent.actor_hidden_sizes`.
 
-    `updates_per_generation`: TD3 gradient steps per agent and generation; None takes the
-    number of agent steps one generation samples when no episode ends early (ERL's ratio of
-    one update per new transition).
+    `updates_per_generation`: gradient steps per agent and generation; None takes the number
+    of agent steps one generation samples when no episode ends early (ERL's ratio of one
+    update per new transition). `td3=` is a transitional alias of `agent=` (not a field).
     """
 
     optimizer: str = "ga"
-    num_agents: int = 1  # K independent TD3 agents, each with its own critic
-    td3: TD3Config = dataclasses.field(default_factory=TD3Config)
+    num_agents: int = 1  # K independent RL agents, each with its own critic
+    agent: AgentConfig = dataclasses.field(default_factory=TD3Config)
     updates_per_generation: int | None = None
     injection_interval: int = 1  # RL actors replace the worst members every this many gens
     replay: ReplayConfig = ReplayConfig()
+    td3: dataclasses.InitVar[TD3Config | None] = None
+
+    def __post_init__(self, td3: TD3Config | None):
+        super().__post_init__()
+        _set_agent(self, td3)
 
 
 @dataclasses.dataclass(frozen=True)
 class CEMRLConfig(_PopulationConfig):
-    """CEM-RL (Pourchot & Sigaud, 2019). The actor architecture is `td3.actor_hidden_sizes`.
+    """CEM-RL (Pourchot & Sigaud, 2019). The actor architecture is `agent.actor_hidden_sizes`.
 
-    `num_actors`: members trained by TD3 each generation (the first ones; half the population
-    when None). `updates_per_generation`: shared-critic steps per generation; None as in ERL.
+    `num_actors`: members trained by the agent each generation (the first ones; half the
+    population when None). `updates_per_generation`: shared-critic steps per generation; None
+    as in ERL. `td3=` is a transitional alias of `agent=` (not a field).
     """
 
     optimizer: str = "sep_cem"
     num_actors: int | None = None
-    td3: TD3Config = dataclasses.field(default_factory=TD3Config)
+    agent: AgentConfig = dataclasses.field(default_factory=TD3Config)
     updates_per_generation: int | None = None
     replay: ReplayConfig = ReplayConfig()
+    td3: dataclasses.InitVar[TD3Config | None] = None
+
+    def __post_init__(self, td3: TD3Config | None):
+        super().__post_init__()
+        _set_agent(self, td3)
 
 
 def make_optimizer(
@@ -182,15 +207,17 @@ def make_workflow(
     episode_length = episode_length_of(fitness_env)
     obs_dim, action_dim = fitness_env.obs_dim, fitness_env.action_dim
 
-    td3 = None
+    agent: Agent | None = None
     if isinstance(config, ECConfig):
         actor = _Actor(Actor(action_dim, tuple(config.actor_hidden_sizes)), obs_dim)
-        init_params, policy = actor.init, actor.network.apply
+        init_params, policy, explore = actor.init, actor.network.apply, None
     elif isinstance(config, ERLConfig | CEMRLConfig):
+        agent_type = SAC if isinstance(config.agent, SACConfig) else TD3
         if not isinstance(fitness_env.action_space, Box):
-            raise ValueError(f"TD3 needs continuous actions; {env_config.name} has discrete ones")
-        td3 = TD3(config.td3, obs_dim, action_dim)
-        init_params, policy = td3.init_actor_params, td3.policy
+            name, env_name = agent_type.__name__, env_config.name
+            raise ValueError(f"{name} needs continuous actions; {env_name} has discrete ones")
+        agent = agent_type(config.agent, obs_dim, action_dim)
+        init_params, policy, explore = agent.init_actor_params, agent.policy, agent.explore
     else:
         raise TypeError(f"no workflow for config type {type(config).__name__}")
 
@@ -198,7 +225,9 @@ def make_workflow(
     optimizer = make_optimizer(
         config.optimizer, config.pop_size, flattener.num_dims, config.optimizer_options
     )
-    fitness_rollout = PopulationRollout(fitness_env, policy, flattener.unflatten, episode_length)
+    fitness_rollout = PopulationRollout(
+        fitness_env, policy, flattener.unflatten, episode_length, explore
+    )
     evaluator = PopulationRollout(eval_env, policy, flattener.unflatten, episode_length)
     common = dict(
         optimizer=optimizer,
@@ -210,7 +239,7 @@ def make_workflow(
         layout=layout,
         normalize_observations=env_config.normalize_observations,
     )
-    if td3 is None:
+    if agent is None:
         return Workflow(**common)
 
     replay = config.replay
@@ -228,8 +257,8 @@ def make_workflow(
     steps_per_generation = num_rollouts * env_config.episodes_per_member * episode_length
     num_updates = config.updates_per_generation or steps_per_generation
     if isinstance(config, ERLConfig):
-        learner = IndependentTD3(
-            td3=td3,
+        learner = IndependentAgents(
+            agent=agent,
             buffer=buffer,
             flatten=flattener.flatten,
             num_agents=config.num_agents,
@@ -241,8 +270,8 @@ def make_workflow(
         num_actors = config.pop_size // 2 if config.num_actors is None else config.num_actors
         if not 1 <= num_actors <= config.pop_size:
             raise ValueError(f"num_actors must lie in [1, {config.pop_size}], got {num_actors}")
-        learner = SharedCriticTD3(
-            td3=td3,
+        learner = SharedCritic(
+            agent=agent,
             buffer=buffer,
             flatten=flattener.flatten,
             unflatten=flattener.unflatten,

@@ -5,16 +5,17 @@ A learner is a static object with four pure methods, called by `Workflow.step` i
     state, population, m = learner.improve(state, replay_state, population, key, obs_stats)
         # gradient steps from the shared replay buffer; may rewrite members (CEM-RL)
     actors, noise_std = learner.actors(state)
-        # [k, D] extra actors rolled out next to the population, with their exploration noise
+        # [k, D] extra actors rolled out next to the population, with their exploration scale
     population, fitness, m = learner.merge(state, generation, population, fitness, actor_fitness)
         # after evaluation, before `tell`: e.g. inject RL actors in place of the worst members
 
-Two learners cover the published algorithms:
+Two learners cover the published algorithms, each for any RL agent (`agents.base.Agent`: TD3
+or SAC; the agent's actor is what the population evolves):
 
-* `IndependentTD3` (ERL, Khadka & Tumer 2018): K independent TD3 agents (actor AND critic each),
-  stacked along a leading `[K]` axis and updated with `vmap`; their noisy rollouts feed the buffer
-  and, every `injection_interval` generations, they replace the K worst members.
-* `SharedCriticTD3` (CEM-RL, Pourchot & Sigaud 2019): ONE critic; the first K members of every
+* `IndependentAgents` (ERL, Khadka & Tumer 2018): K independent agents (actor AND critic each),
+  stacked along a leading `[K]` axis and updated with `vmap`; their exploratory rollouts feed
+  the buffer and, every `injection_interval` generations, they replace the K worst members.
+* `SharedCritic` (CEM-RL, Pourchot & Sigaud 2019): ONE critic; the first K members of every
   population are trained against it and written back before evaluation.
 
 The replay buffer holds raw observations. With observation normalization on, `improve` gets the
@@ -33,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from evokube_trainer.agents import TD3, CriticState, TD3State
+from evokube_trainer.agents import Agent
 from evokube_trainer.ec import replace_worst
 from evokube_trainer.envs import RunningStats, normalize_obs
 from evokube_trainer.replay import ReplayBuffer, ReplayState, Transition
@@ -87,14 +88,15 @@ def normalized_batch(batch: Transition, obs_stats: RunningStats | None) -> Trans
 
 
 @dataclasses.dataclass(frozen=True)
-class IndependentTD3:
-    """K independent TD3 agents learning from one shared buffer (ERL).
+class IndependentAgents:
+    """K independent RL agents learning from one shared buffer (ERL).
 
-    `num_updates` gradient steps per agent and generation (TD3's delayed actor updates
-    included); agents start learning once the buffer holds `learning_starts` transitions.
+    `num_updates` gradient steps per agent and generation (the agent's own schedule inside,
+    e.g. TD3's delayed actor updates); agents start learning once the buffer holds
+    `learning_starts` transitions.
     """
 
-    td3: TD3
+    agent: Agent
     buffer: ReplayBuffer
     flatten: Callable[[Any], Array]  # actor params -> [D]
     num_agents: int
@@ -108,24 +110,24 @@ class IndependentTD3:
         if self.injection_interval < 1:
             raise ValueError(f"injection_interval must be >= 1, got {self.injection_interval}")
 
-    def init(self, key: Array) -> TD3State:
+    def init(self, key: Array) -> Any:
         """K agents with their own actor and critic, leaves `[K, ...]`."""
-        return jax.vmap(self.td3.init)(jax.random.split(key, self.num_agents))
+        return jax.vmap(self.agent.init)(jax.random.split(key, self.num_agents))
 
     def improve(
         self,
-        state: TD3State,
+        state: Any,
         replay: ReplayState,
         population: Array,
         key: Array,
         obs_stats: RunningStats | None = None,
-    ) -> tuple[TD3State, Array, Metrics]:
+    ) -> tuple[Any, Array, Metrics]:
         prepare = None if obs_stats is None else (lambda batch: normalized_batch(batch, obs_stats))
 
-        def train(state: TD3State):
-            def one_agent(agent: TD3State, agent_key: Array):
-                return self.td3.update_many(
-                    agent, replay, self.buffer, agent_key, self.num_updates, prepare
+        def train(state):
+            def one_agent(agent_state, agent_key: Array):
+                return self.agent.update_many(
+                    agent_state, replay, self.buffer, agent_key, self.num_updates, prepare
                 )
 
             state, metrics = jax.vmap(one_agent)(state, jax.random.split(key, self.num_agents))
@@ -135,14 +137,14 @@ class IndependentTD3:
         state, metrics = _when_ready(ready, train, state)
         return state, population, _prefixed(metrics)
 
-    def actors(self, state: TD3State) -> tuple[Array, Array]:
+    def actors(self, state: Any) -> tuple[Array, Array]:
         flat = jax.vmap(self.flatten)(state.actor.params)  # [K, D]
-        noise = jnp.full((self.num_agents,), self.td3.config.exploration_noise, jnp.float32)
-        return flat, noise
+        scale = jnp.full((self.num_agents,), self.agent.exploration_scale, jnp.float32)
+        return flat, scale
 
     def merge(
         self,
-        state: TD3State,
+        state: Any,
         generation: Array,
         population: Array,
         fitness: Array,
@@ -165,23 +167,23 @@ class IndependentTD3:
 
 @struct.dataclass
 class SharedCriticState:
-    critic: CriticState  # the one critic, params leaves [num_critics, ...]
-    step: Array  # [] int32 critic gradient steps so far (drives the delayed actor updates)
+    critic: Any  # the agent's critic side (`agent.init_critic`), params leaves [num_critics, ...]
+    step: Array  # [] int32 critic gradient steps so far (drives TD3's delayed actor updates)
 
 
 @dataclasses.dataclass(frozen=True)
-class SharedCriticTD3:
-    """CEM-RL: the first `num_actors` members of each population are trained with TD3 against
-    one shared critic, then written back in place before evaluation.
+class SharedCritic:
+    """CEM-RL: the first `num_actors` members of each population are trained against one
+    shared critic, then written back in place before evaluation.
 
-    Each generation, `num_updates` times: every actor gets its own replay batch; the critic
-    takes one step on the mean of the per-actor TD3 losses (each actor's target policy builds
-    the targets of its batch); every `actor_update_interval` critic steps, each actor takes a
-    policy-gradient step against the shared critic and all targets are soft-updated. Actors
-    start from the sampled parameters with a fresh target and Adam state each generation.
+    Each generation, `num_updates` times: every actor gets its own replay batch and
+    `agent.shared_update` takes one step of the critic side on the mean of the per-actor losses
+    and of the actors against it (TD3: the actors every `actor_update_interval` steps, with the
+    soft target updates; SAC: every step, with the shared temperature). Actors start from the
+    sampled parameters with fresh optimizer state (and TD3 targets) each generation.
     """
 
-    td3: TD3
+    agent: Agent
     buffer: ReplayBuffer
     flatten: Callable[[Any], Array]  # actor params -> [D]
     unflatten: Callable[[Array], Any]  # [D] -> actor params
@@ -195,7 +197,7 @@ class SharedCriticTD3:
             raise ValueError(f"num_actors must be >= 1, got {self.num_actors}")
 
     def init(self, key: Array) -> SharedCriticState:
-        return SharedCriticState(critic=self.td3.init_critic(key), step=jnp.zeros((), jnp.int32))
+        return SharedCriticState(critic=self.agent.init_critic(key), step=jnp.zeros((), jnp.int32))
 
     def improve(
         self,
@@ -205,43 +207,23 @@ class SharedCriticTD3:
         key: Array,
         obs_stats: RunningStats | None = None,
     ) -> tuple[SharedCriticState, Array, Metrics]:
-        td3, k = self.td3, self.num_actors
-        interval = td3.config.actor_update_interval
+        agent, k = self.agent, self.num_actors
         params = jax.vmap(self.unflatten)(population[:k])  # leaves [K, ...]
-        actors = jax.vmap(td3.actor_state_from_params)(params)
+        actors = jax.vmap(agent.actor_state_from_params)(params)
 
         def one_update(carry, step_key):
             critic, actors, step = carry
-            sample_key, critic_key = jax.random.split(step_key)
+            sample_key, update_key = jax.random.split(step_key)
             sample_keys = jax.random.split(sample_key, k)
             batches = jax.vmap(self.buffer.sample, in_axes=(None, 0))(replay, sample_keys)  # [K, B]
             batches = normalized_batch(batches, obs_stats)
-            critic, metrics = td3.shared_critic_update(
-                critic, actors.target_params, batches, critic_key
-            )
-            step = step + 1
-
-            def with_actors(critic, actors):
-                actors, actor_metrics = jax.vmap(td3.actor_update, in_axes=(0, None, 0))(
-                    actors, critic.params, batches
-                )
-                actors = jax.vmap(td3.update_target)(actors)
-                return td3.update_target(critic), actors, jnp.mean(actor_metrics["actor_loss"])
-
-            def without_actors(critic, actors):
-                return critic, actors, jnp.zeros((), jnp.float32)
-
-            updated = step % interval == 0
-            critic, actors, actor_loss = jax.lax.cond(
-                updated, with_actors, without_actors, critic, actors
-            )
-            metrics = {**metrics, "actor_loss": actor_loss, "actor_updated": updated}
-            return (critic, actors, step), metrics
+            critic, actors, metrics = agent.shared_update(critic, actors, step, batches, update_key)
+            return (critic, actors, step + 1), metrics
 
         def train(carry):
             keys = jax.random.split(key, self.num_updates)
             carry, metrics = jax.lax.scan(one_update, carry, keys)
-            updated = metrics.pop("actor_updated").astype(jnp.float32)  # [U]
+            updated = metrics.pop("actor_updated")  # [U] 0/1
             summary = jax.tree.map(jnp.mean, metrics)
             # The actor loss averaged over the steps that really updated the actors.
             summary["actor_loss"] = jnp.sum(metrics["actor_loss"] * updated) / jnp.maximum(

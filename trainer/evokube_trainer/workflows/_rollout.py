@@ -1,4 +1,4 @@
-"""Rollouts of whole populations of deterministic actors, and random warm-up data.
+"""Rollouts of whole populations of actors, and random warm-up data.
 
 `PopulationRollout.run` plays `K` fixed-length episodes for each of `N` flat parameter vectors
 at once: the population axis is a `vmap` over the batched env (`K` copies in "disabled"
@@ -6,6 +6,12 @@ autoreset mode, so each copy plays exactly one episode and then freezes), and ti
 `lax.scan` of `episode_length` steps. Nothing loops over individuals in Python.
 
 Shapes: `N` members, `K` episodes per member, `T` steps per episode.
+
+Exploration: each member has a scale (`noise_std`, 0 for the population's deterministic
+policies); every step draws standard normal noise `[N, K, act]` and a member acts
+`explore(params, obs, noise, scale)`: the agent's own exploration (TD3: additive Gaussian noise
+of std `scale`; SAC: a sample of its stochastic actor), or additive noise on `policy` when the
+rollout has no `explore`.
 
 Observation normalization: given `obs_stats`, every policy call sees
 `normalize_obs(obs_stats, obs)` while the env, the transitions and the recorded statistics keep
@@ -23,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from evokube_trainer.agents.base import additive_noise
 from evokube_trainer.envs import (
     Env,
     EnvState,
@@ -36,6 +43,8 @@ from evokube_trainer.replay import Transition
 Array = jax.Array
 Params = Any
 PolicyFn = Callable[[Params, Array], Array]  # (params, obs [..., obs_dim]) -> action [..., act]
+# (params, obs [..., obs_dim], noise [..., act] ~ N(0, 1), scale []) -> action [..., act]
+ExploreFn = Callable[[Params, Array, Array, Array], Array]
 
 
 @struct.dataclass
@@ -73,13 +82,21 @@ class PopulationRollout:
 
     `env` must be batched with autoreset "disabled" and a time limit of `episode_length`, so
     after `episode_length` steps every episode has ended and its return is final.
-    `unflatten` maps one flat vector `[D]` to the policy's parameters.
+    `unflatten` maps one flat vector `[D]` to the policy's parameters. `explore` is the
+    agent's exploratory action (see the module docstring); None: `additive_noise` on `policy`.
     """
 
     env: Env
     policy: PolicyFn
     unflatten: Callable[[Array], Params]
     episode_length: int
+    explore: ExploreFn | None = None
+
+    def act(self, params: Params, obs: Array, noise: Array, scale: Array) -> Array:
+        """One member's actions `[K, act]` for obs `[K, obs]`; scale 0: the deterministic policy."""
+        if self.explore is None:
+            return additive_noise(self.policy(params, obs), noise, scale)
+        return self.explore(params, obs, noise, scale)
 
     def run(
         self,
@@ -91,8 +108,8 @@ class PopulationRollout:
         obs_stats: RunningStats | None = None,
         collect_obs_stats: bool = False,
     ) -> RolloutResult:
-        """`flat_params` `[N, D]`; `noise_std` `[N]` Gaussian action noise per member (0 for
-        the deterministic policy). `obs_stats`: the (frozen) statistics the policy's
+        """`flat_params` `[N, D]`; `noise_std` `[N]` exploration scale per member (0 for the
+        deterministic policy; see `act`). `obs_stats`: the (frozen) statistics the policy's
         observations are normalized with; None feeds raw observations. `collect_obs_stats`:
         also return each member's statistics of the raw observations it acted on."""
         num_members = flat_params.shape[0]
@@ -108,9 +125,8 @@ class PopulationRollout:
             state, seen = carry
             obs = state.obs  # [N, K, obs] raw
             policy_obs = obs if obs_stats is None else normalize_obs(obs_stats, obs)
-            action = jax.vmap(self.policy)(params, policy_obs)  # [N, K, act]
-            noise = jax.random.normal(step_key, action.shape, action.dtype)
-            action = jnp.clip(action + noise_std[:, None, None] * noise, -1.0, 1.0)
+            noise = jax.random.normal(step_key, (*obs.shape[:-1], self.env.action_dim))
+            action = jax.vmap(self.act)(params, policy_obs, noise, noise_std)  # [N, K, act]
             nxt = jax.vmap(self.env.step)(state, action)
             valid = 1.0 - nxt.info["frozen"]  # [N, K]: obs was acted on in a live episode
             if seen is not None:

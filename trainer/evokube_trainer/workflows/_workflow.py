@@ -89,7 +89,7 @@ class Workflow:
       evaluator: plays the evaluation episodes of the deployable policy.
       init_params: key -> actor parameters (one network initialization).
       flatten: actor parameters -> `[D]` (the inverse lives in the rollouts).
-      learner: the RL side (`IndependentTD3`, `SharedCriticTD3`), or None for pure EC.
+      learner: the RL side (`IndependentAgents`, `SharedCritic`), or None for pure EC.
       buffer: the replay buffer the learner samples from (required with a learner).
       warmup_env: batched self-resetting env for the random-policy warm-up.
       warmup_steps_per_env: warm-up scan length; the buffer starts with
