@@ -564,6 +564,16 @@ BAD_MANIFESTS += [
         },
         "spec.population.size",
     ),
+    BadManifest(
+        "more than 1e9 agent steps per generation at the env's own 2500-step limit",
+        {
+            "spec.algorithm": {"name": "openes"},
+            "spec.population.size": 65536,
+            "spec.environment.name": "gymnax/Freeway-MinAtar",
+            "spec.environment.episodesPerEvaluation": 7,
+        },
+        "spec.population.size",
+    ),
     BadManifest("seed of 2^32", {"spec.seed": 2**32}, "spec.seed"),
     # Algorithm constraints the trainer enforces.
     BadManifest(

@@ -3,11 +3,14 @@ CRD; the trainer refuses what it does not list."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
 from evokube_trainer.envs import EnvSpec, catalog, env_names, env_spec, make_backend_env
 from evokube_trainer.envs import generate_catalog as gen
+from evokube_trainer.runtime import manifest
 
 REGENERATE = (
     "regenerate with `PYTHONPATH=operator:trainer python -m evokube_trainer.envs.generate_catalog`"
@@ -97,3 +100,14 @@ def test_names_outside_the_catalog_are_refused_with_the_reason(name, message):
         env_spec(name)
     with pytest.raises(ValueError, match=message):
         make_backend_env(name)  # before building anything
+
+
+def test_the_crds_step_budget_counts_an_unset_episode_length_as_the_longest_time_limit():
+    """The rule bounding a generation's agent steps must not undercount any environment."""
+    rules = [
+        r["rule"] for r in manifest.crd_schema()["properties"]["spec"]["x-kubernetes-validations"]
+    ]
+    budget = next(r for r in rules if "<= 1000000000" in r and "episodeLength" in r)
+    assumed = int(re.search(r"self\.environment\.episodeLength : (\d+)\)", budget).group(1))
+    longest = max(spec.episode_length for spec in catalog.load().envs.values())
+    assert longest == assumed
