@@ -2,8 +2,9 @@
 
 Each run is `evokube run` (or the pod entry point) with local processes that form
 one jax.distributed group over loopback (gloo collectives), exactly as pods would.
-Observation normalization, which the manifest does not map yet, runs a small workflow driver
-(`tests/runtime/normalized_es.py`) in processes wired the same way.
+Whether every device of every process holds the same observation statistics is checked with a
+small workflow driver (`tests/runtime/normalized_es.py`) in processes wired the same way: a
+run's history holds process 0's metrics only.
 """
 
 import json
@@ -107,13 +108,19 @@ def history(tmp_path, name):
     return read_history(tmp_path / "runs" / name / "history.jsonl")
 
 
-@pytest.mark.parametrize("algorithm", [OPENES, CEMRL], ids=["openes", "cem-rl"])
-def test_two_hosts_of_two_devices_match_one_host_of_four(tmp_path, algorithm):
+@pytest.mark.parametrize(
+    ("algorithm", "normalize"),
+    [(OPENES, None), (CEMRL, None), (CEMRL, True)],
+    ids=["openes", "cem-rl", "cem-rl-normalized"],  # None: the algorithm's default
+)
+def test_two_hosts_of_two_devices_match_one_host_of_four(tmp_path, algorithm, normalize):
     runs = {}
     for name, hosts, devices in (("split", 2, 2), ("single", 1, 4)):
         doc = experiment(
             name, algorithm=algorithm, hosts=hosts, devices=devices, generations=3, interval=10
         )
+        if normalize is not None:
+            doc["spec"]["environment"]["normalizeObservations"] = normalize
         code, out = finish(start_run(tmp_path, doc))
         assert code == 0, out
         runs[name] = history(tmp_path, name)
@@ -127,7 +134,14 @@ def test_two_hosts_of_two_devices_match_one_host_of_four(tmp_path, algorithm):
         # change between generations.
         for key in ("ec/fitness_max", "ec/fitness_mean", "eval/return_mean"):
             assert a[key] == pytest.approx(b[key], rel=5e-3, abs=1e-3), (key, a, b)
+        # With observation normalization, the statistics every process pools (the policies and
+        # the critic see observations through them) agree too.
+        assert a.keys() == b.keys()
+        for key in sorted(k for k in a if k.startswith("obs_norm/")):
+            assert a[key] == pytest.approx(b[key], rel=5e-3, abs=1e-5), (key, a, b)
     assert split[0]["ec/fitness_max"] == pytest.approx(single[0]["ec/fitness_max"], rel=1e-6)
+    if normalize:
+        assert split[-1]["obs_norm/count"] > 0
 
 
 def run_normalized_es(out, hosts, devices):
