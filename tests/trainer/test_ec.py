@@ -1,5 +1,7 @@
 """EC optimizers: convergence under jit + lax.scan, eager use, and each algorithm's own contract."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,21 +36,29 @@ def rastrigin(x):
     return -(10.0 * z.shape[0] + jnp.sum(z**2 - 10.0 * jnp.cos(2.0 * jnp.pi * z)))
 
 
-def run_scan(opt, objective, start, num_generations, seed=0):
-    """init, then ask/evaluate/tell inside one jitted lax.scan; returns final state and history."""
+def train(opt, objective, start, num_generations, key):
+    """init, then ask/evaluate/tell inside one lax.scan; returns final state and history."""
 
     def generation(state, key):
         population, state = opt.ask(state, key)
         state, metrics = opt.tell(state, population, jax.vmap(objective)(population))
         return state, metrics
 
-    @jax.jit
-    def train(key):
-        k_init, k_run = jax.random.split(key)
-        state = opt.init(k_init, start)
-        return jax.lax.scan(generation, state, jax.random.split(k_run, num_generations))
+    k_init, k_run = jax.random.split(key)
+    state = opt.init(k_init, start)
+    return jax.lax.scan(generation, state, jax.random.split(k_run, num_generations))
 
-    return train(jax.random.key(seed))
+
+def run_scan(opt, objective, start, num_generations, seed=0):
+    """`train`, jitted as one computation, from one seed."""
+    run = functools.partial(train, opt, objective, start, num_generations)
+    return jax.jit(run)(jax.random.key(seed))
+
+
+def run_seeds(opt, objective, start, num_generations, num_seeds):
+    """`train` from `num_seeds` seeds at once (vmapped, jitted): states and histories, stacked."""
+    run = functools.partial(train, opt, objective, start, num_generations)
+    return jax.jit(jax.vmap(run))(jax.random.split(jax.random.key(0), num_seeds))
 
 
 # name: (optimizer, objective, start value per dimension, generations, tolerance on -objective)
@@ -115,6 +125,8 @@ OPTIMIZERS = {
     "sep_cem": SepCEM(8, 4, elitism=True),
     "cma_es": CMAES(8, 4),
     "sep_cma_es": SepCMAES(8, 4),
+    "cma_es_ipop": CMAES(8, 4, max_restarts=1),
+    "sep_cma_es_ipop": SepCMAES(8, 4, max_restarts=1),
     "ga": GA(8, 4),
 }
 
@@ -264,6 +276,80 @@ def test_cma_es_learns_an_ill_conditioned_covariance():
     state, _ = run_scan(opt, ellipse, jnp.ones(2), 150)
     assert float(state.scale.max() / state.scale.min()) > 100.0
     assert -float(ellipse(opt.best(state))) < 1e-6
+
+
+# 8 jitted generations on Rastrigin: what `best` gave before CMA-ES and the GA were split into
+# parts and IPOP was added. The code matches them bit for bit on CPU; the tolerance only absorbs
+# rounding changes across XLA versions, not a changed update.
+BEFORE_REFACTORING = {
+    "cma_es": (CMAES(8, 4, init_sigma=1.0), [0.7421751, 0.42814958, 0.04427411, 0.5776002]),
+    "sep_cma_es": (SepCMAES(8, 4, init_sigma=1.0), [0.85762864, 0.24189624, 0.4909663, 0.41776228]),
+    "ga": (
+        GA(8, 4, num_elites=2, crossover_prob=0.5),
+        [1.9689065, 2.3210733, -1.4008446, 2.045518],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BEFORE_REFACTORING))
+def test_outputs_are_what_they_were_before_refactoring(name):
+    opt, expected = BEFORE_REFACTORING[name]
+    state, _ = run_scan(opt, rastrigin, jnp.full((4,), 2.0), 8)
+    np.testing.assert_allclose(opt.best(state), expected, rtol=1e-5)
+
+
+def test_ipop_restarts_inside_jit_and_scan():
+    """On flat fitness TolFun stops run k after 10 + ceil(30 D / lambda_k) tells; the restart
+    state then matches between one lax.scan and a jitted tell stepped from the host."""
+    opt = CMAES(8, 2, init_sigma=0.3, max_restarts=2)  # runs of 2, 4 and 8 members
+    flat = lambda x: jnp.zeros(())
+    state, metrics = run_scan(opt, flat, jnp.ones(2), 70)
+    # Run 0 (2 members) stops at tell 40, run 1 (4 members) 1 + 25 tells later; then no more.
+    expected = np.repeat([0, 1, 2], [40, 26, 4])
+    np.testing.assert_array_equal(metrics["restarts"], expected)
+    np.testing.assert_array_equal(metrics["active_pop_size"], 2 * 2**expected)
+    assert int(state.restart.run_start) == 67 and int(state.generation) == 70
+
+    ask, tell = jax.jit(opt.ask), jax.jit(opt.tell)
+    k_init, k_run = jax.random.split(jax.random.key(0))
+    stepped = opt.init(k_init, jnp.ones(2))
+    for generation, key in enumerate(jax.random.split(k_run, 70)):
+        population, stepped = ask(stepped, key)
+        stepped, _ = tell(stepped, population, jnp.zeros(8))
+        if generation == 40:  # the tell that restarts: run 1 starts afresh
+            np.testing.assert_array_equal(stepped.mean, [1.0, 1.0])
+            assert float(stepped.sigma) == np.float32(0.3)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5), state, stepped)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"pop_size": 8, "max_restarts": 3}, "first run would have 1"),
+        ({"pop_size": 8, "max_restarts": 1, "restart_factor": 0.5}, "restart_factor >= 1"),
+        ({"pop_size": 8, "max_restarts": 1, "num_elites": 2}, "num_elites"),
+        ({"pop_size": 8, "max_restarts": 1, "fitness_shaping": centered_rank}, "raw"),
+    ],
+)
+def test_ipop_options_are_checked(options, match):
+    with pytest.raises(ValueError, match=match):
+        CMAES(num_dims=4, **options)
+
+
+def test_ipop_escapes_the_local_optima_plain_cma_es_settles_in():
+    """4-D Rastrigin from far away, the same 300 generations, 8 seeds: CMA-ES with IPOP's first
+    population (8) ends in local optima; IPOP (8 -> 64 members) restarts and ends lower."""
+    start, seeds = jnp.full((4,), 3.0), 8
+    plain = CMAES(8, 4, init_sigma=2.0)
+    ipop = CMAES(64, 4, init_sigma=2.0, max_restarts=3, tol_fun=1e-4)  # Rastrigin's f32 noise
+    plain_state, _ = run_seeds(plain, rastrigin, start, 300, seeds)
+    ipop_state, metrics = run_seeds(ipop, rastrigin, start, 300, seeds)
+    plain_loss = -jax.vmap(rastrigin)(jax.vmap(plain.best)(plain_state))
+    ipop_loss = -jax.vmap(rastrigin)(jax.vmap(ipop.best)(ipop_state))
+    assert bool((metrics["restarts"][:, -1] >= 1).all())
+    assert bool((plain_loss > 0.9).all())  # every plain run stuck away from the optimum 0
+    assert float(ipop_loss.mean()) < float(plain_loss.mean()) / 2
+    assert bool((ipop_loss <= plain_loss + 1e-3).all())
 
 
 def test_ga_elitism_keeps_the_best_unchanged():

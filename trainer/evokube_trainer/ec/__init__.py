@@ -18,7 +18,7 @@ initial members; the GA takes them, search distributions ignore them.
 
 from evokube_trainer.ec._ars import ARS, ARSState
 from evokube_trainer.ec._base import EvoOptimizer
-from evokube_trainer.ec._cma_es import CMAES, CMAESState, SepCMAES
+from evokube_trainer.ec._cma_es import CMAES, CMAESState, IPOPState, SepCMAES
 from evokube_trainer.ec._ga import GA, GAState
 from evokube_trainer.ec._genetic import replace_worst, tournament_selection
 from evokube_trainer.ec._open_es import OpenES, OpenESState
@@ -43,6 +43,7 @@ __all__ = [
     "EvoOptimizer",
     "FitnessShaping",
     "GAState",
+    "IPOPState",
     "OpenES",
     "OpenESState",
     "OptimizerFactory",
