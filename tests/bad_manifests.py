@@ -1250,3 +1250,59 @@ GOOD_MANIFESTS += [
         },
     ),
 ]
+
+
+def _cma(pop: int, **ec: Any) -> dict[str, Any]:
+    return {"spec.algorithm": {"name": "cma-es", "ec": ec}, "spec.population.size": pop}
+
+
+# IPOP restarts (issue 16): refused where the first run would be too small or mu is fixed.
+BAD_MANIFESTS += [
+    BadManifest(
+        "IPOP whose first run has one member",
+        _cma(8, maxRestarts=3),
+        "spec.population.size",
+    ),
+    BadManifest(
+        "IPOP with an elite fraction",
+        _cma(16, maxRestarts=1, eliteFraction=0.25),
+        "spec.algorithm.ec.eliteFraction",
+    ),
+    BadManifest(
+        "restarts for an algorithm without them",
+        {"spec.algorithm": {"name": "openes", "ec": {"maxRestarts": 1}}},
+        "spec.algorithm.ec.maxRestarts",
+    ),
+    BadManifest(
+        "a population factor of 3",
+        _cma(16, maxRestarts=1, restartPopulationFactor=3),
+        "spec.algorithm.ec.restartPopulationFactor",
+    ),
+]
+GOOD_MANIFESTS += [
+    GoodManifest("IPOP from 2 to 8 members", _cma(8, maxRestarts=2)),
+    GoodManifest(
+        "restarts at the full population", _cma(8, maxRestarts=3, restartPopulationFactor=1)
+    ),
+    GoodManifest(
+        "cem-rl with OpenES",
+        {
+            "spec.algorithm": {
+                "name": "cem-rl",
+                "rl": {"numAgents": 2},
+                "ec": {"distribution": "openes", "learningRate": 0.05},
+            }
+        },
+    ),
+    GoodManifest("erl-es", {"spec.algorithm": {"name": "erl-es", "rl": {"numAgents": 1}}}),
+    GoodManifest(
+        "erl-eda",
+        {
+            "spec.algorithm": {
+                "name": "erl-eda",
+                "rl": {"numAgents": 1},
+                "ec": {"eliteFraction": 0.5},
+            }
+        },
+    ),
+]

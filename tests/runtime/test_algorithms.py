@@ -28,6 +28,8 @@ EC_VALUES = {
     "mutationStd": 0.1,
     "mutationFraction": 0.5,
     "crossover": "uniform",
+    "maxRestarts": 2,
+    "restartPopulationFactor": 1,
 }
 CONFIG_TYPES = {EC: ECConfig, ERL: ERLConfig, CEM_RL: CEMRLConfig}
 

@@ -100,7 +100,13 @@ SEP_CEM = Distribution(
     },
 )
 CMA_ES = Distribution(
-    "cma_es", {"noiseStd": _to("init_sigma"), "eliteFraction": _elites("num_elites")}
+    "cma_es",
+    {
+        "noiseStd": _to("init_sigma"),
+        "eliteFraction": _elites("num_elites"),
+        "maxRestarts": _to("max_restarts"),
+        "restartPopulationFactor": lambda factor, _: {"restart_factor": float(factor)},
+    },
 )
 SEP_CMA_ES = dataclasses.replace(CMA_ES, optimizer="sep_cma_es")
 GA = Distribution(
