@@ -86,7 +86,7 @@ class Workflow:
     Fields:
       optimizer: EC optimizer over flat actor parameters `[D]`.
       rollout: plays the K fitness episodes of each candidate.
-      evaluator: plays the evaluation episodes of the deployable policy.
+      evaluator: plays the evaluation episodes of the candidate policies (`candidates`).
       init_params: key -> actor parameters (one network initialization).
       flatten: actor parameters -> `[D]` (the inverse lives in the rollouts).
       learner: the RL side (`IndependentAgents`, `SharedCritic`), or None for pure EC.
@@ -244,25 +244,36 @@ class Workflow:
 
     # ---- evaluation ----------------------------------------------------------------------------
 
-    def deployable(self, state: WorkflowState) -> Array:
-        """The flat parameters `[D]` to deploy: the optimizer's `best` (mean or elite)."""
-        return self.optimizer.best(state.ec)
+    def candidates(self, state: WorkflowState) -> Array:
+        """The policies worth deploying `[C, D]`: the optimizer's `best` (mean or elite) first,
+        then the learner's own actors (ERL's K agents; CEM-RL's trained actors are members
+        already). An ERL distribution's mean blends the injected agents with members of other
+        lineages, so its agents may well be the better policy: evaluation decides."""
+        best = self.optimizer.best(state.ec)[None]  # [1, D]
+        if self.learner is None:
+            return best
+        actors, _ = self.learner.actors(state.learner)  # [K, D]
+        return jnp.concatenate([best, actors])
 
     def evaluate(self, state: WorkflowState) -> Metrics:
-        """Returns of the deployable policy, acting deterministically, over the evaluator's
-        episodes. The key is derived from the state's, which is left unchanged."""
-        params = self.deployable(state)[None]  # [1, D]
+        """Returns of the best candidate policy (`candidates`), acting deterministically, over
+        the evaluator's episodes; `eval/candidate` says which (0: the optimizer's best, k: the
+        learner's k-th actor). The key is derived from the state's, which is left unchanged."""
+        params = self.candidates(state)  # [C, D]
         key = jax.random.fold_in(state.key, 0x5EED)
+        num = params.shape[0]
         result = self.evaluator.run(
-            params, jnp.zeros((1,), jnp.float32), key, obs_stats=state.obs_stats
+            params, jnp.zeros((num,), jnp.float32), key, obs_stats=state.obs_stats
         )
-        returns = result.episode_returns[0]  # [E]
+        pick = jnp.argmax(jnp.mean(result.episode_returns, axis=1))
+        returns = result.episode_returns[pick]  # [E]
         return {
             "eval/return_mean": jnp.mean(returns),
             "eval/return_std": jnp.std(returns),
             "eval/return_min": jnp.min(returns),
             "eval/return_max": jnp.max(returns),
-            "eval/episode_length_mean": jnp.mean(result.episode_lengths.astype(jnp.float32)),
+            "eval/episode_length_mean": jnp.mean(result.episode_lengths[pick].astype(jnp.float32)),
+            "eval/candidate": pick.astype(jnp.float32),
         }
 
     # ---- host loop -----------------------------------------------------------------------------
