@@ -5,11 +5,13 @@ algorithm, every distribution it may pick and every spec.algorithm.ec field, so 
 names the wrong algorithms fails here, not at a user's admission.
 """
 
+import dataclasses
 import re
 from pathlib import Path
 
 import pytest
 
+from evokube_trainer.agents import SACConfig, TD3Config
 from evokube_trainer.runtime import manifest
 from evokube_trainer.runtime.algorithms import ALGORITHMS, CEM_RL, EC, ERL
 from evokube_trainer.runtime.config import to_run_config
@@ -123,6 +125,42 @@ def test_observations_are_normalized_by_the_algorithms_default_unless_the_spec_s
         defaulted, errors = manifest.check(_manifest(name, {}, **changes))
         assert errors == []
         assert to_run_config(defaulted).workflow.env.normalize_observations is expected
+
+
+TD3_ONLY = {"policyNoise": 0.3, "noiseClip": 0.4, "explorationNoise": 0.2, "actorUpdateInterval": 3}
+SAC_ONLY = {"temperatureLearningRate": 1e-3, "initialTemperature": 0.5, "targetEntropy": -2.0}
+
+
+@pytest.mark.parametrize("learner", ["td3", "sac"])
+def test_each_learner_reads_its_own_rl_fields_and_refuses_the_others(learner):
+    own, other = (TD3_ONLY, SAC_ONLY) if learner == "td3" else (SAC_ONLY, TD3_ONLY)
+    rl = {"numAgents": 2, "learner": learner, **own}
+    for name in ("erl-ga", "cem-rl"):
+        defaulted, errors = manifest.check(
+            with_changes({"spec.algorithm": {"name": name, "rl": rl}})
+        )
+        assert errors == []
+        agent = to_run_config(defaulted).workflow.agent
+        assert type(agent) is (TD3Config if learner == "td3" else SACConfig)
+        fields = {f.name: getattr(agent, f.name) for f in dataclasses.fields(agent)}
+        assert set(own.values()) <= set(fields.values())
+        for field, value in other.items():
+            wrong = {"spec.algorithm": {"name": name, "rl": {**rl, field: value}}}
+            paths = [e.path for e in manifest.check(with_changes(wrong))[1]]
+            assert paths == [f"spec.algorithm.rl.{field}"], field
+
+
+def test_an_rl_spec_without_a_learner_is_td3_with_td3s_own_defaults():
+    defaulted = manifest.check(_manifest("erl-ga", {}))[0]
+    assert defaulted["spec"]["algorithm"]["rl"]["learner"] == "td3"
+    agent = to_run_config(defaulted).workflow.agent
+    defaults = TD3Config()
+    assert (agent.policy_noise, agent.noise_clip, agent.exploration_noise) == (
+        defaults.policy_noise,
+        defaults.noise_clip,
+        defaults.exploration_noise,
+    )
+    assert agent.actor_update_interval == defaults.actor_update_interval
 
 
 def test_the_docs_list_every_algorithm_with_its_workflow_and_distributions():

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from evokube_trainer.agents import TD3Config
+from evokube_trainer.agents import SACConfig, TD3Config
 from evokube_trainer.runtime.algorithms import ALGORITHMS, EC, ERL, Algorithm
 from evokube_trainer.runtime.manifest import FieldError, ManifestError
 from evokube_trainer.workflows import (
@@ -65,8 +65,9 @@ def _ec_options(algorithm: Algorithm, ec: Mapping[str, Any], pop: int, source: s
     return algorithm.distribution(ec).options(ec, pop)
 
 
-def _td3(rl: Mapping[str, Any], hidden: list[int]) -> TD3Config:
-    return TD3Config(
+def _agent(rl: Mapping[str, Any], hidden: list[int]) -> TD3Config | SACConfig:
+    """The RL agent's config; what the spec leaves unset keeps the config class's default."""
+    shared = dict(
         actor_hidden_sizes=tuple(hidden),
         critic_hidden_sizes=tuple(rl["criticHiddenLayers"]),
         critic_layer_norm=rl["criticLayerNorm"],
@@ -74,11 +75,21 @@ def _td3(rl: Mapping[str, Any], hidden: list[int]) -> TD3Config:
         critic_lr=rl["criticLearningRate"],
         discount=rl["gamma"],
         tau=rl["tau"],
-        policy_noise=rl["policyNoise"],
-        noise_clip=rl["noiseClip"],
-        actor_update_interval=rl["actorUpdateInterval"],
-        exploration_noise=rl["explorationNoise"],
     )
+    if rl["learner"] == "sac":
+        own = {
+            "temperatureLearningRate": "temperature_lr",
+            "initialTemperature": "init_temperature",
+            "targetEntropy": "target_entropy",
+        }
+        return SACConfig(**shared, **{own[k]: v for k, v in rl.items() if k in own})
+    own = {
+        "policyNoise": "policy_noise",
+        "noiseClip": "noise_clip",
+        "actorUpdateInterval": "actor_update_interval",
+        "explorationNoise": "exploration_noise",
+    }
+    return TD3Config(**shared, **{own[k]: v for k, v in rl.items() if k in own})
 
 
 def to_run_config(manifest: Mapping[str, Any]) -> RunConfig:
@@ -124,7 +135,7 @@ def _run_config(manifest: Mapping[str, Any]) -> RunConfig:
             warmup_steps=rl["warmupSteps"],
         )
         rl_common = dict(
-            td3=_td3(rl, hidden),
+            agent=_agent(rl, hidden),
             replay=replay,
             updates_per_generation=rl.get("updatesPerGeneration"),
         )
