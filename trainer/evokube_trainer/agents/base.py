@@ -16,27 +16,32 @@ every agent:
   it back) and `shared_update(critic, actors, step, batches, key)`, one gradient step of the
   critic side and of the K actors (leaves `[K, ...]`) on their K batches. Its metrics include
   `actor_loss` and `actor_updated` (0/1: whether the actors took a step, TD3 delays them).
+
+`ActorCritic` is the structure both agents share: (config, obs_dim, action_dim), twin critics
+(`TwinCritic`), Adam optimizers, the TD loss and `update_many`, the replay scan of `update`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
+from evokube_trainer.agents.networks import TwinCritic
 from evokube_trainer.replay import ReplayBuffer, ReplayState, Transition
 
 __all__ = [
+    "ActorCritic",
     "Agent",
     "adam",
     "additive_noise",
     "apply_gradients",
-    "scan_updates",
     "soft_update",
-    "td_loss",
 ]
 
 Array = jax.Array
@@ -104,32 +109,84 @@ def apply_gradients(
     return optax.apply_updates(params, updates), opt_state
 
 
-def td_loss(q: Array, target_q: Array) -> Array:
-    """Sum over critic heads of the mean squared TD error; q `[num_critics, B]`, target `[B]`."""
-    return jnp.sum(jnp.mean(jnp.square(q - target_q[None]), axis=-1))
+@dataclasses.dataclass(frozen=True)
+class ActorCritic:
+    """What TD3 and SAC share. A subclass types `config` (which must have critic_hidden_sizes,
+    critic_layer_norm, num_critics, actor_lr, critic_lr and max_grad_norm) and defines
+    `actor_network`, `actor_state_from_params` and `update(state, batch, key)`."""
 
+    config: Any
+    obs_dim: int
+    action_dim: int
 
-def scan_updates(
-    update: Callable[[_State, Transition, Array], tuple[_State, Metrics]],
-    state: _State,
-    buffer_state: ReplayState,
-    buffer: ReplayBuffer,
-    key: Array,
-    num_updates: int,
-    prepare: Callable[[Transition], Transition] | None = None,
-) -> tuple[_State, Metrics]:
-    """`num_updates` (static) calls of `update(state, batch, key)`, each on a fresh batch from
-    the buffer (passed through `prepare` first when given, e.g. to normalize its observations).
+    @property
+    def actor_network(self) -> nn.Module:
+        raise NotImplementedError
 
-    Runs as one `lax.scan`; returns the final state and the metrics averaged over the steps.
-    """
+    @property
+    def critic_network(self) -> TwinCritic:
+        cfg = self.config
+        return TwinCritic(cfg.critic_hidden_sizes, cfg.critic_layer_norm, cfg.num_critics)
 
-    def body(state, step_key):
-        sample_key, update_key = jax.random.split(step_key)
-        batch = buffer.sample(buffer_state, sample_key)
-        if prepare is not None:
-            batch = prepare(batch)
-        return update(state, batch, update_key)
+    @property
+    def actor_optimizer(self) -> optax.GradientTransformation:
+        return adam(self.config.actor_lr, self.config.max_grad_norm)
 
-    state, metrics = jax.lax.scan(body, state, jax.random.split(key, num_updates))
-    return state, jax.tree.map(lambda x: jnp.mean(x, axis=0), metrics)
+    @property
+    def critic_optimizer(self) -> optax.GradientTransformation:
+        return adam(self.config.critic_lr, self.config.max_grad_norm)
+
+    def init_actor_params(self, key: Array) -> Params:
+        return self.actor_network.init(key, jnp.zeros((self.obs_dim,), jnp.float32))
+
+    def actor_state_from_params(self, params: Params) -> Any:
+        raise NotImplementedError
+
+    def init_actor(self, key: Array) -> Any:
+        return self.actor_state_from_params(self.init_actor_params(key))
+
+    def init_critic_params(self, key: Array) -> Params:
+        """Parameters of all critic heads, leaves `[num_critics, ...]`."""
+        obs = jnp.zeros((self.obs_dim,), jnp.float32)
+        action = jnp.zeros((self.action_dim,), jnp.float32)
+        return self.critic_network.init(key, obs, action)
+
+    def q_values(self, critic_params: Params, obs: Array, action: Array) -> Array:
+        """Q estimates of every critic head, `[num_critics, ...]`."""
+        return cast(Array, self.critic_network.apply(critic_params, obs, action))
+
+    def critic_loss(
+        self, critic_params: Params, target_q: Array, batch: Transition
+    ) -> tuple[Array, Array]:
+        """Sum over critic heads of the mean squared TD error; aux = mean Q."""
+        q = self.q_values(critic_params, batch.obs, batch.action)  # [num_critics, B]
+        loss = jnp.sum(jnp.mean(jnp.square(q - target_q[None]), axis=-1))
+        return loss, jnp.mean(q)
+
+    def update(self, state: Any, batch: Transition, key: Array) -> tuple[Any, Metrics]:
+        raise NotImplementedError
+
+    def update_many(
+        self,
+        state: _State,
+        buffer_state: ReplayState,
+        buffer: ReplayBuffer,
+        key: Array,
+        num_updates: int,
+        prepare: Callable[[Transition], Transition] | None = None,
+    ) -> tuple[_State, Metrics]:
+        """`num_updates` (static) calls of `update`, each on a fresh batch from the buffer
+        (passed through `prepare` first when given, e.g. to normalize its observations).
+
+        Runs as one `lax.scan`; returns the final state and the metrics averaged over the steps.
+        """
+
+        def body(state, step_key):
+            sample_key, update_key = jax.random.split(step_key)
+            batch = buffer.sample(buffer_state, sample_key)
+            if prepare is not None:
+                batch = prepare(batch)
+            return self.update(state, batch, update_key)
+
+        state, metrics = jax.lax.scan(body, state, jax.random.split(key, num_updates))
+        return state, jax.tree.map(lambda x: jnp.mean(x, axis=0), metrics)

@@ -52,9 +52,9 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from evokube_trainer.agents.base import adam, apply_gradients, scan_updates, soft_update, td_loss
-from evokube_trainer.agents.networks import GaussianActor, TwinCritic
-from evokube_trainer.replay import ReplayBuffer, ReplayState, Transition
+from evokube_trainer.agents.base import ActorCritic, apply_gradients, soft_update
+from evokube_trainer.agents.networks import GaussianActor
+from evokube_trainer.replay import Transition
 
 __all__ = ["SAC", "SACActorState", "SACConfig", "SACState", "SoftCriticState"]
 
@@ -121,31 +121,15 @@ def _squashed_sample(mean: Array, log_std: Array, noise: Array) -> tuple[Array, 
 
 
 @dataclasses.dataclass(frozen=True)
-class SAC:
-    """Static SAC logic; see the module docstring for how the pieces fit."""
+class SAC(ActorCritic):
+    """Static SAC logic; see the module docstring for how the pieces fit. Critic networks,
+    optimizers, `q_values`, `critic_loss` and `update_many` come from `ActorCritic`."""
 
     config: SACConfig
-    obs_dim: int
-    action_dim: int
-
-    # ---- networks and optimizers -------------------------------------------------------------
 
     @property
     def actor_network(self) -> GaussianActor:
         return GaussianActor(self.action_dim, self.config.actor_hidden_sizes)
-
-    @property
-    def critic_network(self) -> TwinCritic:
-        cfg = self.config
-        return TwinCritic(cfg.critic_hidden_sizes, cfg.critic_layer_norm, cfg.num_critics)
-
-    @property
-    def actor_optimizer(self) -> optax.GradientTransformation:
-        return adam(self.config.actor_lr, self.config.max_grad_norm)
-
-    @property
-    def critic_optimizer(self) -> optax.GradientTransformation:
-        return adam(self.config.critic_lr, self.config.max_grad_norm)
 
     @property
     def temperature_optimizer(self) -> optax.GradientTransformation:
@@ -158,20 +142,12 @@ class SAC:
 
     # ---- init ---------------------------------------------------------------------------------
 
-    def init_actor_params(self, key: Array) -> Params:
-        return self.actor_network.init(key, jnp.zeros((self.obs_dim,), jnp.float32))
-
     def actor_state_from_params(self, params: Params) -> SACActorState:
         """Wraps given actor params (e.g. unflattened from EC) with a fresh Adam state."""
         return SACActorState(params=params, opt_state=self.actor_optimizer.init(params))
 
-    def init_actor(self, key: Array) -> SACActorState:
-        return self.actor_state_from_params(self.init_actor_params(key))
-
     def init_critic(self, key: Array) -> SoftCriticState:
-        obs = jnp.zeros((self.obs_dim,), jnp.float32)
-        action = jnp.zeros((self.action_dim,), jnp.float32)
-        params = self.critic_network.init(key, obs, action)
+        params = self.init_critic_params(key)
         log_alpha = jnp.asarray(math.log(self.config.init_temperature), jnp.float32)
         return SoftCriticState(
             params=params,
@@ -216,10 +192,6 @@ class SAC:
         mean, log_std = self.distribution(actor_params, obs)
         return jnp.tanh(mean + scale * jnp.exp(log_std) * noise)
 
-    def q_values(self, critic_params: Params, obs: Array, action: Array) -> Array:
-        """Q estimates of every critic head, `[num_critics, ...]`."""
-        return cast(Array, self.critic_network.apply(critic_params, obs, action))
-
     # ---- critic -------------------------------------------------------------------------------
 
     def critic_target(
@@ -233,13 +205,6 @@ class SAC:
         not_done = 1.0 - batch.terminated.astype(jnp.float32)
         return jax.lax.stop_gradient(batch.reward + self.config.discount * not_done * soft_q)
 
-    def critic_loss(
-        self, critic_params: Params, target_q: Array, batch: Transition
-    ) -> tuple[Array, Array]:
-        """Sum over critic heads of the mean squared TD error; aux = mean Q."""
-        q = self.q_values(critic_params, batch.obs, batch.action)  # [num_critics, B]
-        return td_loss(q, target_q), jnp.mean(q)
-
     def _critic_step(
         self,
         critic: SoftCriticState,
@@ -251,7 +216,7 @@ class SAC:
             self.critic_optimizer, critic.params, critic.opt_state, grads
         )
         metrics = {"critic_loss": loss, "q_mean": q_mean, "target_q_mean": jnp.mean(target_q)}
-        return critic.replace(params=params, opt_state=opt_state), metrics
+        return dataclasses.replace(critic, params=params, opt_state=opt_state), metrics
 
     def critic_update(
         self, critic: SoftCriticState, actor_params: Params, batch: Transition, key: Array
@@ -303,7 +268,7 @@ class SAC:
             self.actor_optimizer, actor.params, actor.opt_state, grads
         )
         metrics = {"actor_loss": loss, "entropy": -jnp.mean(log_prob)}
-        return actor.replace(params=params, opt_state=opt_state), log_prob, metrics
+        return dataclasses.replace(actor, params=params, opt_state=opt_state), log_prob, metrics
 
     def temperature_loss(self, log_alpha: Array, log_prob: Array) -> Array:
         """-log_alpha * mean(log pi + target_entropy); log_prob of any shape, no gradient."""
@@ -319,13 +284,13 @@ class SAC:
             log_alpha, opt_state = apply_gradients(
                 self.temperature_optimizer, critic.log_alpha, critic.alpha_opt_state, grad
             )
-            critic = critic.replace(log_alpha=log_alpha, alpha_opt_state=opt_state)
+            critic = dataclasses.replace(critic, log_alpha=log_alpha, alpha_opt_state=opt_state)
         return critic, {"alpha": jnp.exp(critic.log_alpha), "alpha_loss": loss}
 
     def update_target(self, critic: SoftCriticState) -> SoftCriticState:
         """Soft update of the critic target."""
         target_params = soft_update(critic.target_params, critic.params, self.config.tau)
-        return critic.replace(target_params=target_params)
+        return dataclasses.replace(critic, target_params=target_params)
 
     # ---- full steps ---------------------------------------------------------------------------
 
@@ -343,19 +308,6 @@ class SAC:
         critic = self.update_target(critic)
         metrics = {**metrics, **actor_metrics, **temperature_metrics}
         return SACState(actor=actor, critic=critic, step=state.step + 1), metrics
-
-    def update_many(
-        self,
-        state: SACState,
-        buffer_state: ReplayState,
-        buffer: ReplayBuffer,
-        key: Array,
-        num_updates: int,
-        prepare: Callable[[Transition], Transition] | None = None,
-    ) -> tuple[SACState, Metrics]:
-        """`num_updates` (static) calls of `update`, each on a fresh batch from the buffer
-        (passed through `prepare` first when given), as one `lax.scan`; metrics averaged."""
-        return scan_updates(self.update, state, buffer_state, buffer, key, num_updates, prepare)
 
     def shared_update(
         self,

@@ -45,7 +45,6 @@ in [-1, 1]; the env adapter maps them to the env's bounds.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any, Literal, TypeVar, cast
 
 import jax
@@ -53,16 +52,9 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from evokube_trainer.agents.base import (
-    adam,
-    additive_noise,
-    apply_gradients,
-    scan_updates,
-    soft_update,
-    td_loss,
-)
-from evokube_trainer.agents.networks import Actor, TwinCritic
-from evokube_trainer.replay import ReplayBuffer, ReplayState, Transition
+from evokube_trainer.agents.base import ActorCritic, additive_noise, apply_gradients, soft_update
+from evokube_trainer.agents.networks import Actor
+from evokube_trainer.replay import Transition
 
 __all__ = [
     "TD3",
@@ -129,36 +121,17 @@ _NetState = TypeVar("_NetState", ActorState, CriticState)
 
 
 @dataclasses.dataclass(frozen=True)
-class TD3:
-    """Static TD3 logic; see the module docstring for how the pieces fit."""
+class TD3(ActorCritic):
+    """Static TD3 logic; see the module docstring for how the pieces fit. Critic networks,
+    optimizers, `q_values`, `critic_loss` and `update_many` come from `ActorCritic`."""
 
     config: TD3Config
-    obs_dim: int
-    action_dim: int
-
-    # ---- networks and optimizers -------------------------------------------------------------
 
     @property
     def actor_network(self) -> Actor:
         return Actor(self.action_dim, self.config.actor_hidden_sizes)
 
-    @property
-    def critic_network(self) -> TwinCritic:
-        cfg = self.config
-        return TwinCritic(cfg.critic_hidden_sizes, cfg.critic_layer_norm, cfg.num_critics)
-
-    @property
-    def actor_optimizer(self) -> optax.GradientTransformation:
-        return adam(self.config.actor_lr, self.config.max_grad_norm)
-
-    @property
-    def critic_optimizer(self) -> optax.GradientTransformation:
-        return adam(self.config.critic_lr, self.config.max_grad_norm)
-
     # ---- init ---------------------------------------------------------------------------------
-
-    def init_actor_params(self, key: Array) -> Params:
-        return self.actor_network.init(key, jnp.zeros((self.obs_dim,), jnp.float32))
 
     def actor_state_from_params(self, params: Params) -> ActorState:
         """Wraps given actor params (e.g. unflattened from EC) with a target and Adam state."""
@@ -168,13 +141,8 @@ class TD3:
             opt_state=self.actor_optimizer.init(params),
         )
 
-    def init_actor(self, key: Array) -> ActorState:
-        return self.actor_state_from_params(self.init_actor_params(key))
-
     def init_critic(self, key: Array) -> CriticState:
-        obs = jnp.zeros((self.obs_dim,), jnp.float32)
-        action = jnp.zeros((self.action_dim,), jnp.float32)
-        params = self.critic_network.init(key, obs, action)
+        params = self.init_critic_params(key)
         return CriticState(
             params=params,
             target_params=params,
@@ -204,10 +172,6 @@ class TD3:
         """`clip(policy + scale * noise, -1, 1)`; noise ~ N(0, 1) `[..., action_dim]`."""
         return additive_noise(self.policy(actor_params, obs), noise, scale)
 
-    def q_values(self, critic_params: Params, obs: Array, action: Array) -> Array:
-        """Q estimates of every critic head, `[num_critics, ...]`."""
-        return cast(Array, self.critic_network.apply(critic_params, obs, action))
-
     # ---- critic -------------------------------------------------------------------------------
 
     def target_action(self, target_actor_params: Params, next_obs: Array, key: Array) -> Array:
@@ -231,13 +195,6 @@ class TD3:
         not_done = 1.0 - batch.terminated.astype(jnp.float32)
         target = batch.reward + self.config.discount * not_done * next_q
         return jax.lax.stop_gradient(target)
-
-    def critic_loss(
-        self, critic_params: Params, target_q: Array, batch: Transition
-    ) -> tuple[Array, Array]:
-        """Sum over critic heads of the mean squared TD error; aux = mean Q."""
-        q = self.q_values(critic_params, batch.obs, batch.action)  # [num_critics, B]
-        return td_loss(q, target_q), jnp.mean(q)
 
     def _apply_critic_grads(self, critic: CriticState, grads: Params) -> CriticState:
         params, opt_state = apply_gradients(
@@ -346,22 +303,6 @@ class TD3:
             "actor_updated": do_actor.astype(jnp.float32),
         }
         return TD3State(actor=actor, critic=critic, step=step), metrics
-
-    def update_many(
-        self,
-        state: TD3State,
-        buffer_state: ReplayState,
-        buffer: ReplayBuffer,
-        key: Array,
-        num_updates: int,
-        prepare: Callable[[Transition], Transition] | None = None,
-    ) -> tuple[TD3State, dict[str, Array]]:
-        """`num_updates` (static) calls of `update`, each on a fresh batch from the buffer
-        (passed through `prepare` first when given, e.g. to normalize its observations).
-
-        Runs as one `lax.scan`; returns the final state and the metrics averaged over the steps.
-        """
-        return scan_updates(self.update, state, buffer_state, buffer, key, num_updates, prepare)
 
     def shared_update(
         self,
