@@ -1,6 +1,6 @@
 """Tests of SAC: the squashed Gaussian actor, the soft targets, one update (eager and jitted),
 the entropy temperature, the shared-critic step CEM-RL uses, and the deterministic policy EC
-evolves. The learning runs are in test_workflows.py (ERL and CEM-RL with SAC)."""
+evolves. The learning run is in test_workflows.py (ERL-GA with SAC agents)."""
 
 import math
 
@@ -14,41 +14,21 @@ from evokube_trainer.agents import (
     GaussianActor,
     ParamFlattener,
     SACConfig,
-    Transition,
 )
 from evokube_trainer.replay import ReplayBuffer
+from tests.trainer.agent_helpers import (
+    ACTION_DIM,
+    BATCH,
+    OBS_DIM,
+    random_batch,
+    trees_allclose,
+)
 
-OBS_DIM, ACTION_DIM, BATCH = 3, 2, 16
 SMALL = {"actor_hidden_sizes": (32, 32), "critic_hidden_sizes": (32, 32)}
 
 
 def _sac(**overrides) -> SAC:
     return SAC(SACConfig(**{**SMALL, **overrides}), OBS_DIM, ACTION_DIM)
-
-
-def _batch(key, n=BATCH, terminated=None) -> Transition:
-    k1, k2, k3, k4 = jax.random.split(key, 4)
-    zeros = jnp.zeros(n)
-    return Transition(
-        obs=jax.random.normal(k1, (n, OBS_DIM)),
-        action=jax.random.uniform(k2, (n, ACTION_DIM), minval=-1.0, maxval=1.0),
-        reward=jax.random.normal(k3, (n,)),
-        next_obs=jax.random.normal(k4, (n, OBS_DIM)),
-        terminated=zeros if terminated is None else jnp.asarray(terminated, jnp.float32),
-        truncated=zeros,
-    )
-
-
-def _allclose(a, b, **kw):
-    return all(
-        np.allclose(x, y, **kw) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
-    )
-
-
-def _equal(a, b):
-    return all(
-        np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
-    )
 
 
 # ---- the actor and the deployable policy ---------------------------------------------------
@@ -121,7 +101,7 @@ def test_log_prob_is_the_change_of_variables_of_the_tanh_gaussian():
 def test_soft_target_bootstraps_with_the_entropy_bonus_but_not_on_termination():
     sac = _sac(discount=0.9, init_temperature=0.5)
     state = sac.init(jax.random.key(0))
-    batch = _batch(jax.random.key(1), n=4, terminated=[1.0, 0.0, 0.0, 1.0])
+    batch = random_batch(jax.random.key(1), n=4, terminated=[1.0, 0.0, 0.0, 1.0])
     key = jax.random.key(2)
     y = jax.jit(sac.critic_target)(state.critic, state.actor.params, batch, key)
 
@@ -136,7 +116,7 @@ def test_critic_loss_decreases_on_a_fixed_batch():
     """Repeated critic steps drive the TD loss down on a terminal-only batch (y = reward)."""
     sac = _sac(critic_lr=1e-2)
     state = sac.init(jax.random.key(0))
-    batch = _batch(jax.random.key(1), terminated=jnp.ones(BATCH))
+    batch = random_batch(jax.random.key(1), terminated=jnp.ones(BATCH))
     step = jax.jit(sac.critic_update)
     critic, first = step(state.critic, state.actor.params, batch, jax.random.key(2))
     for i in range(150):
@@ -155,7 +135,9 @@ def test_update_steps_every_part_and_soft_updates_the_critic_target(use_jit):
     state = sac.init(jax.random.key(0))
     for step in range(1, 4 if use_jit else 2):  # eager dispatch is slow: one step only
         prev = state
-        state, metrics = update(state, _batch(jax.random.key(step)), jax.random.key(100 + step))
+        state, metrics = update(
+            state, random_batch(jax.random.key(step)), jax.random.key(100 + step)
+        )
         assert int(state.step) == step
         assert set(metrics) == {
             "critic_loss",
@@ -167,11 +149,11 @@ def test_update_steps_every_part_and_soft_updates_the_critic_target(use_jit):
             "alpha_loss",
         }
         assert all(m.shape == () and np.isfinite(m) for m in jax.tree.leaves(metrics))
-        assert not _allclose(state.critic.params, prev.critic.params)
-        assert not _allclose(state.actor.params, prev.actor.params)
+        assert not trees_allclose(state.critic.params, prev.critic.params)
+        assert not trees_allclose(state.actor.params, prev.actor.params)
         assert float(state.critic.log_alpha) != float(prev.critic.log_alpha)
         np.testing.assert_allclose(metrics["alpha"], jnp.exp(state.critic.log_alpha), rtol=1e-6)
-        assert _allclose(
+        assert trees_allclose(
             state.critic.target_params,
             jax.tree.map(
                 lambda t, o: tau * o + (1 - tau) * t,
@@ -186,14 +168,14 @@ def test_update_steps_every_part_and_soft_updates_the_critic_target(use_jit):
 def test_update_is_critic_then_actor_on_the_new_critic_then_temperature():
     sac = _sac()
     state = sac.init(jax.random.key(0))
-    batch, key = _batch(jax.random.key(1)), jax.random.key(2)
+    batch, key = random_batch(jax.random.key(1)), jax.random.key(2)
     new, _ = sac.update(state, batch, key)
     critic_key, actor_key = jax.random.split(key)
     critic, _ = sac.critic_update(state.critic, state.actor.params, batch, critic_key)
     actor, log_prob, _ = sac.actor_update(state.actor, critic, batch, actor_key)
     critic, _ = sac.temperature_update(critic, log_prob)
-    assert _allclose(new.critic.params, critic.params, rtol=1e-6)
-    assert _allclose(new.actor.params, actor.params, rtol=1e-6)
+    assert trees_allclose(new.critic.params, critic.params, rtol=1e-6)
+    assert trees_allclose(new.actor.params, actor.params, rtol=1e-6)
     np.testing.assert_allclose(new.critic.log_alpha, critic.log_alpha, rtol=1e-6)
 
 
@@ -203,7 +185,7 @@ def test_temperature_moves_toward_the_target_entropy(target_entropy, direction):
     initial policy's entropy (std ~0.2, two dims) lies between the two targets."""
     sac = _sac(target_entropy=target_entropy, temperature_lr=1e-2)
     state = sac.init(jax.random.key(0))
-    batch = _batch(jax.random.key(1))
+    batch = random_batch(jax.random.key(1))
     update = jax.jit(sac.update)
     alphas = [float(jnp.exp(state.critic.log_alpha))]
     for i in range(10):
@@ -216,7 +198,7 @@ def test_temperature_moves_toward_the_target_entropy(target_entropy, direction):
 def test_fixed_temperature_stays_put():
     sac = _sac(tune_temperature=False, init_temperature=0.2)
     _, metrics = jax.jit(sac.update)(
-        sac.init(jax.random.key(0)), _batch(jax.random.key(1)), jax.random.key(2)
+        sac.init(jax.random.key(0)), random_batch(jax.random.key(1)), jax.random.key(2)
     )
     np.testing.assert_allclose(metrics["alpha"], 0.2, rtol=1e-6)
     with pytest.raises(ValueError, match="init_temperature"):
@@ -226,8 +208,8 @@ def test_fixed_temperature_stays_put():
 def test_update_many_scans_over_replay_samples():
     sac = _sac()
     buf = ReplayBuffer(capacity=64, sample_batch_size=8)
-    example = jax.tree.map(lambda x: x[0], _batch(jax.random.key(0), n=1))
-    buffer_state = buf.add(buf.init(example), _batch(jax.random.key(1), n=40))
+    example = jax.tree.map(lambda x: x[0], random_batch(jax.random.key(0), n=1))
+    buffer_state = buf.add(buf.init(example), random_batch(jax.random.key(1), n=40))
     run = jax.jit(lambda s, b, k: sac.update_many(s, b, buf, k, 5))
     state, metrics = run(sac.init(jax.random.key(2)), buffer_state, jax.random.key(3))
     assert int(state.step) == 5
@@ -242,7 +224,7 @@ def test_shared_update_trains_k_actors_against_one_critic():
     critic = sac.init_critic(jax.random.key(0))
     params = jax.vmap(sac.init_actor_params)(jax.random.split(jax.random.key(1), k))
     actors = jax.vmap(sac.actor_state_from_params)(params)
-    batches = jax.vmap(_batch)(jax.random.split(jax.random.key(2), k))  # [K, B, ...]
+    batches = jax.vmap(random_batch)(jax.random.split(jax.random.key(2), k))  # [K, B, ...]
     key = jax.random.key(3)
     new_critic, new_actors, metrics = jax.jit(sac.shared_update)(
         critic, actors, jnp.int32(0), batches, key
@@ -251,7 +233,7 @@ def test_shared_update_trains_k_actors_against_one_critic():
     assert all(m.shape == () for m in jax.tree.leaves(metrics))
     assert float(metrics["actor_updated"]) == 1.0
     for i in range(k):
-        assert not _allclose(
+        assert not trees_allclose(
             jax.tree.map(lambda x, i=i: x[i], new_actors.params),
             jax.tree.map(lambda x, i=i: x[i], actors.params),
         )
@@ -264,16 +246,16 @@ def test_shared_update_trains_k_actors_against_one_critic():
         jax.tree.map(lambda x: x[0], one[1]),
         jax.random.split(key, 1)[0],
     )
-    assert _allclose(shared.params, plain.params, rtol=1e-5, atol=1e-7)
+    assert trees_allclose(shared.params, plain.params, rtol=1e-5, atol=1e-7)
 
 
 def test_vmapped_independent_agents_match_single_agent():
     sac = _sac()
     keys = jax.random.split(jax.random.key(0), 2)
-    batches = jax.vmap(_batch)(jax.random.split(jax.random.key(1), 2))
+    batches = jax.vmap(random_batch)(jax.random.split(jax.random.key(1), 2))
     update_keys = jax.random.split(jax.random.key(2), 2)
     states, _ = jax.jit(jax.vmap(sac.update))(jax.vmap(sac.init)(keys), batches, update_keys)
     single, _ = jax.jit(sac.update)(
         sac.init(keys[1]), jax.tree.map(lambda x: x[1], batches), update_keys[1]
     )
-    assert _allclose(jax.tree.map(lambda x: x[1], states), single, rtol=1e-4, atol=1e-6)
+    assert trees_allclose(jax.tree.map(lambda x: x[1], states), single, rtol=1e-4, atol=1e-6)

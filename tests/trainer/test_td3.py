@@ -17,38 +17,20 @@ from evokube_trainer.agents import (
     soft_update,
 )
 from evokube_trainer.replay import ReplayBuffer
+from tests.trainer.agent_helpers import (
+    ACTION_DIM,
+    BATCH,
+    OBS_DIM,
+    random_batch,
+    trees_allclose,
+    trees_equal,
+)
 
-OBS_DIM, ACTION_DIM, BATCH = 3, 2, 16
 SMALL = {"actor_hidden_sizes": (32, 32), "critic_hidden_sizes": (32, 32)}
 
 
 def _td3(**overrides) -> TD3:
     return TD3(TD3Config(**{**SMALL, **overrides}), OBS_DIM, ACTION_DIM)
-
-
-def _batch(key, n=BATCH, terminated=None, truncated=None) -> Transition:
-    k1, k2, k3, k4 = jax.random.split(key, 4)
-    zeros = jnp.zeros(n)
-    return Transition(
-        obs=jax.random.normal(k1, (n, OBS_DIM)),
-        action=jax.random.uniform(k2, (n, ACTION_DIM), minval=-1.0, maxval=1.0),
-        reward=jax.random.normal(k3, (n,)),
-        next_obs=jax.random.normal(k4, (n, OBS_DIM)),
-        terminated=zeros if terminated is None else jnp.asarray(terminated, jnp.float32),
-        truncated=zeros if truncated is None else jnp.asarray(truncated, jnp.float32),
-    )
-
-
-def _allclose(a, b, **kw):
-    return all(
-        np.allclose(x, y, **kw) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
-    )
-
-
-def _equal(a, b):
-    return all(
-        np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
-    )
 
 
 # ---- networks ----------------------------------------------------------------------------------
@@ -81,7 +63,7 @@ def test_param_flattener_round_trips():
 
     vec = flat.flatten(params)
     assert vec.shape == (expected_dims,) and vec.dtype == jnp.float32
-    assert _equal(flat.unflatten(vec), params)
+    assert trees_equal(flat.unflatten(vec), params)
 
     with pytest.raises(ValueError, match="flat vector"):
         flat.unflatten(jnp.zeros(3))
@@ -116,7 +98,7 @@ def test_critic_target_bootstraps_on_truncation_but_not_termination():
     state = td3.init(jax.random.key(0))
     terminated = jnp.array([1.0, 0.0, 0.0, 1.0])
     truncated = jnp.array([0.0, 1.0, 0.0, 1.0])
-    batch = _batch(jax.random.key(1), n=4, terminated=terminated, truncated=truncated)
+    batch = random_batch(jax.random.key(1), n=4, terminated=terminated, truncated=truncated)
     key = jax.random.key(2)
     y = jax.jit(td3.critic_target)(
         state.critic.target_params, state.actor.target_params, batch, key
@@ -148,22 +130,24 @@ def test_actor_and_targets_update_only_every_interval(use_jit):
     state = td3.init(jax.random.key(0))
     for step in range(1, 7 if use_jit else 4):  # eager dispatch is slow: one cycle only
         prev = state
-        state, metrics = update(state, _batch(jax.random.key(step)), jax.random.key(100 + step))
+        state, metrics = update(
+            state, random_batch(jax.random.key(step)), jax.random.key(100 + step)
+        )
         assert int(state.step) == step
-        assert not _allclose(state.critic.params, prev.critic.params)  # critic: every step
+        assert not trees_allclose(state.critic.params, prev.critic.params)  # critic: every step
         assert set(metrics) >= {"critic_loss", "actor_loss", "q_mean", "actor_updated"}
         assert all(np.isfinite(v) for v in jax.tree.leaves(metrics))
         if step % 3:
             assert float(metrics["actor_updated"]) == 0.0
-            assert _equal(state.actor.params, prev.actor.params)
-            assert _equal(state.actor.opt_state, prev.actor.opt_state)
-            assert _equal(state.actor.target_params, prev.actor.target_params)
-            assert _equal(state.critic.target_params, prev.critic.target_params)
+            assert trees_equal(state.actor.params, prev.actor.params)
+            assert trees_equal(state.actor.opt_state, prev.actor.opt_state)
+            assert trees_equal(state.actor.target_params, prev.actor.target_params)
+            assert trees_equal(state.critic.target_params, prev.critic.target_params)
         else:
             assert float(metrics["actor_updated"]) == 1.0
-            assert not _allclose(state.actor.params, prev.actor.params)
+            assert not trees_allclose(state.actor.params, prev.actor.params)
             # Polyak step on both targets, towards the freshly updated online params.
-            assert _allclose(
+            assert trees_allclose(
                 state.actor.target_params,
                 jax.tree.map(
                     lambda t, o: tau * o + (1 - tau) * t,
@@ -173,7 +157,7 @@ def test_actor_and_targets_update_only_every_interval(use_jit):
                 rtol=1e-5,
                 atol=1e-7,
             )
-            assert _allclose(
+            assert trees_allclose(
                 state.critic.target_params,
                 jax.tree.map(
                     lambda t, o: tau * o + (1 - tau) * t,
@@ -188,17 +172,17 @@ def test_actor_and_targets_update_only_every_interval(use_jit):
 def test_update_is_one_critic_step_then_actor_step_on_the_new_critic():
     td3 = _td3(actor_update_interval=1)
     state = td3.init(jax.random.key(0))
-    batch, key = _batch(jax.random.key(1)), jax.random.key(2)
+    batch, key = random_batch(jax.random.key(1)), jax.random.key(2)
     new, _ = td3.update(state, batch, key)
     critic, _ = td3.critic_update(state.critic, state.actor.target_params, batch, key)
     actor, _ = td3.actor_update(state.actor, critic.params, batch)
-    assert _allclose(new.critic.params, critic.params, rtol=1e-6)
-    assert _allclose(new.actor.params, actor.params, rtol=1e-6)
+    assert trees_allclose(new.critic.params, critic.params, rtol=1e-6)
+    assert trees_allclose(new.actor.params, actor.params, rtol=1e-6)
 
 
 def test_actor_loss_uses_first_or_min_critic():
     state = _td3().init(jax.random.key(0))
-    obs = _batch(jax.random.key(1)).obs
+    obs = random_batch(jax.random.key(1)).obs
     first, smallest = _td3(actor_loss_q="first"), _td3(actor_loss_q="min")
     q = first.q_values(state.critic.params, obs, first.policy(state.actor.params, obs))
     np.testing.assert_allclose(
@@ -217,7 +201,7 @@ def test_critic_learns_a_fixed_target():
     """Repeated critic steps drive the TD loss down on a terminal-only batch (y = reward)."""
     td3 = _td3(critic_lr=1e-2)
     state = td3.init(jax.random.key(0))
-    batch = _batch(jax.random.key(1), terminated=jnp.ones(BATCH))
+    batch = random_batch(jax.random.key(1), terminated=jnp.ones(BATCH))
     step = jax.jit(td3.critic_update)
     critic, first = step(state.critic, state.actor.target_params, batch, jax.random.key(2))
     for i in range(150):
@@ -229,7 +213,7 @@ def test_vmapped_independent_agents_match_single_agent():
     td3 = _td3()
     keys = jax.random.split(jax.random.key(0), 3)
     states = jax.vmap(td3.init)(keys)
-    batches = jax.vmap(_batch)(jax.random.split(jax.random.key(1), 3))
+    batches = jax.vmap(random_batch)(jax.random.split(jax.random.key(1), 3))
     update_keys = jax.random.split(jax.random.key(2), 3)
     update = jax.jit(jax.vmap(td3.update))
     new_states, metrics = update(states, batches, update_keys)
@@ -242,7 +226,7 @@ def test_vmapped_independent_agents_match_single_agent():
     single_update = jax.jit(td3.update)
     single, _ = single_update(single, batch1, update_keys[1])
     single, _ = single_update(single, batch1, update_keys[1])
-    assert _allclose(jax.tree.map(lambda x: x[1], new_states), single, rtol=1e-4, atol=1e-6)
+    assert trees_allclose(jax.tree.map(lambda x: x[1], new_states), single, rtol=1e-4, atol=1e-6)
 
 
 def test_shared_critic_update_averages_over_actors():
@@ -251,7 +235,7 @@ def test_shared_critic_update_averages_over_actors():
     k = 3
     critic = td3.init_critic(jax.random.key(0))
     actors = jax.vmap(td3.init_actor)(jax.random.split(jax.random.key(1), k))
-    batches = jax.vmap(_batch)(jax.random.split(jax.random.key(2), k))  # [K, B, ...]
+    batches = jax.vmap(random_batch)(jax.random.split(jax.random.key(2), k))  # [K, B, ...]
     key = jax.random.key(3)
 
     new_critic, metrics = jax.jit(td3.shared_critic_update)(
@@ -267,7 +251,7 @@ def test_shared_critic_update_averages_over_actors():
 
     per_actor = [loss_for_actor(i, sub) for i, sub in enumerate(jax.random.split(key, k))]
     np.testing.assert_allclose(metrics["critic_loss"], np.mean(per_actor), rtol=1e-5)
-    assert not _allclose(new_critic.params, critic.params)
+    assert not trees_allclose(new_critic.params, critic.params)
 
     # With a single actor it is exactly the plain critic step.
     one = jax.tree.map(lambda x: x[:1], (actors.target_params, batches))
@@ -278,7 +262,7 @@ def test_shared_critic_update_averages_over_actors():
         jax.tree.map(lambda x: x[0], one[1]),
         jax.random.split(key, 1)[0],
     )
-    assert _allclose(shared_one.params, plain.params, rtol=1e-5, atol=1e-7)
+    assert trees_allclose(shared_one.params, plain.params, rtol=1e-5, atol=1e-7)
 
     # Every actor steps against the shared critic.
     new_actors, actor_metrics = jax.jit(jax.vmap(td3.actor_update, in_axes=(0, None, 0)))(
@@ -286,7 +270,7 @@ def test_shared_critic_update_averages_over_actors():
     )
     assert actor_metrics["actor_loss"].shape == (k,)
     for i in range(k):
-        assert not _allclose(
+        assert not trees_allclose(
             jax.tree.map(lambda x, i=i: x[i], new_actors.params),
             jax.tree.map(lambda x, i=i: x[i], actors.params),
         )
@@ -297,15 +281,15 @@ def test_actor_state_from_flat_params():
     params = td3.init_actor_params(jax.random.key(0))
     flat = ParamFlattener.from_params(params)
     actor = td3.actor_state_from_params(flat.unflatten(flat.flatten(params) + 1.0))
-    assert _equal(actor.params, actor.target_params)
-    assert _allclose(flat.flatten(actor.params), flat.flatten(params) + 1.0)
+    assert trees_equal(actor.params, actor.target_params)
+    assert trees_allclose(flat.flatten(actor.params), flat.flatten(params) + 1.0)
 
 
 def test_update_many_scans_over_replay_samples():
     td3 = _td3(actor_update_interval=2)
     buf = ReplayBuffer(capacity=64, sample_batch_size=8)
-    example = jax.tree.map(lambda x: x[0], _batch(jax.random.key(0), n=1))
-    buffer_state = buf.add(buf.init(example), _batch(jax.random.key(1), n=40))
+    example = jax.tree.map(lambda x: x[0], random_batch(jax.random.key(0), n=1))
+    buffer_state = buf.add(buf.init(example), random_batch(jax.random.key(1), n=40))
     state = td3.init(jax.random.key(2))
     run = jax.jit(lambda s, b, k: td3.update_many(s, b, buf, k, 10))
     state, metrics = run(state, buffer_state, jax.random.key(3))

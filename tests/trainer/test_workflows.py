@@ -42,62 +42,57 @@ def _leaves_equal(a, b) -> bool:
     )
 
 
-@pytest.fixture(scope="module")
-def tiny_erl():
-    """ERL-GA on 20-step Pendulum episodes: pop 4, 2 agents, injection every generation."""
-    config = ERLConfig(
-        env=SHORT_PENDULUM,
-        pop_size=4,
-        optimizer_options={"num_elites": 1},
-        num_agents=2,
-        agent=SMALL_TD3,
-        updates_per_generation=8,
-        replay=SMALL_REPLAY,
-    )
+def _compiled(config):
     workflow = make_workflow(config)
     return workflow, jit_workflow(workflow)
+
+
+def _tiny_erl(agent):
+    """ERL-GA on 20-step Pendulum episodes: pop 4, 2 agents, injection every generation."""
+    return _compiled(
+        ERLConfig(
+            env=SHORT_PENDULUM,
+            pop_size=4,
+            optimizer_options={"num_elites": 1},
+            num_agents=2,
+            agent=agent,
+            updates_per_generation=8,
+            replay=SMALL_REPLAY,
+        )
+    )
+
+
+def _tiny_cemrl(agent):
+    """CEM-RL on 20-step Pendulum episodes: pop 6, the first 3 members trained."""
+    return _compiled(
+        CEMRLConfig(
+            env=SHORT_PENDULUM,
+            pop_size=6,
+            agent=agent,
+            updates_per_generation=8,
+            replay=SMALL_REPLAY,
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_erl():
+    return _tiny_erl(SMALL_TD3)
 
 
 @pytest.fixture(scope="module")
 def tiny_cemrl():
-    config = CEMRLConfig(
-        env=SHORT_PENDULUM,
-        pop_size=6,
-        agent=SMALL_TD3,
-        updates_per_generation=8,
-        replay=SMALL_REPLAY,
-    )
-    workflow = make_workflow(config)
-    return workflow, jit_workflow(workflow)
+    return _tiny_cemrl(SMALL_TD3)
 
 
 @pytest.fixture(scope="module")
 def tiny_sac_erl():
-    """As `tiny_erl`, with SAC agents."""
-    config = ERLConfig(
-        env=SHORT_PENDULUM,
-        pop_size=4,
-        optimizer_options={"num_elites": 1},
-        num_agents=2,
-        agent=SMALL_SAC,
-        updates_per_generation=8,
-        replay=SMALL_REPLAY,
-    )
-    workflow = make_workflow(config)
-    return workflow, jit_workflow(workflow)
+    return _tiny_erl(SMALL_SAC)
 
 
 @pytest.fixture(scope="module")
 def tiny_sac_cemrl():
-    config = CEMRLConfig(
-        env=SHORT_PENDULUM,
-        pop_size=6,
-        agent=SMALL_SAC,
-        updates_per_generation=8,
-        replay=SMALL_REPLAY,
-    )
-    workflow = make_workflow(config)
-    return workflow, jit_workflow(workflow)
+    return _tiny_cemrl(SMALL_SAC)
 
 
 # ---- structure ---------------------------------------------------------------------------------
