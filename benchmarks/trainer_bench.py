@@ -70,7 +70,7 @@ def build_config(algo: str, env_name: str, args: argparse.Namespace):
             env=env,
             pop_size=args.rl_pop_size,
             optimizer=optimizer,
-            td3=td3,
+            agent=td3,
             updates_per_generation=args.updates,
             replay=replay,
         )
@@ -82,7 +82,7 @@ def build_config(algo: str, env_name: str, args: argparse.Namespace):
             optimizer=optimizer,
             optimizer_options=ga if optimizer == "ga" else {},
             num_agents=args.erl_agents,
-            td3=td3,
+            agent=td3,
             updates_per_generation=args.updates,
             replay=replay,
         )

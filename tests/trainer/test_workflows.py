@@ -185,9 +185,7 @@ def test_erl_step_puts_the_rl_actors_into_the_ga_population(tiny_erl):
 def test_rl_configs_take_a_td3_or_sac_agent():
     assert ERLConfig().agent == TD3Config() == CEMRLConfig().agent  # TD3 stays the default
     assert CEMRLConfig(agent=SMALL_SAC).agent is SMALL_SAC
-    # `td3=` is kept, for now, as an alias of `agent=`.
-    assert ERLConfig(td3=SMALL_TD3).agent is SMALL_TD3
-    assert dataclasses.replace(ERLConfig(td3=SMALL_TD3), pop_size=3).agent is SMALL_TD3
+    assert dataclasses.replace(ERLConfig(agent=SMALL_SAC), pop_size=3).agent is SMALL_SAC
     with pytest.raises(TypeError, match="TD3Config or SACConfig"):
         ERLConfig(agent={"learner": "sac"})
     with pytest.raises(ValueError, match="SAC needs continuous actions"):

@@ -100,10 +100,7 @@ class ECConfig(_PopulationConfig):
 AgentConfig = TD3Config | SACConfig
 
 
-def _set_agent(config: ERLConfig | CEMRLConfig, td3: TD3Config | None) -> None:
-    """`__post_init__` of the RL configs: takes the transitional `td3=` keyword, checks `agent`."""
-    if td3 is not None:
-        object.__setattr__(config, "agent", td3)
+def _check_agent(config: ERLConfig | CEMRLConfig) -> None:
     if not isinstance(config.agent, AgentConfig):
         raise TypeError(f"agent must be a TD3Config or SACConfig, got {type(config.agent)}")
 
@@ -114,7 +111,7 @@ class ERLConfig(_PopulationConfig):
 
     `updates_per_generation`: gradient steps per agent and generation; None takes the number
     of agent steps one generation samples when no episode ends early (ERL's ratio of one
-    update per new transition). `td3=` is a transitional alias of `agent=` (not a field).
+    update per new transition).
     """
 
     optimizer: str = "ga"
@@ -123,11 +120,10 @@ class ERLConfig(_PopulationConfig):
     updates_per_generation: int | None = None
     injection_interval: int = 1  # RL actors replace the worst members every this many gens
     replay: ReplayConfig = ReplayConfig()
-    td3: dataclasses.InitVar[TD3Config | None] = None
 
-    def __post_init__(self, td3: TD3Config | None):
+    def __post_init__(self):
         super().__post_init__()
-        _set_agent(self, td3)
+        _check_agent(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +132,7 @@ class CEMRLConfig(_PopulationConfig):
 
     `num_actors`: members trained by the agent each generation (the first ones; half the
     population when None). `updates_per_generation`: shared-critic steps per generation; None
-    as in ERL. `td3=` is a transitional alias of `agent=` (not a field).
+    as in ERL.
     """
 
     optimizer: str = "sep_cem"
@@ -144,11 +140,10 @@ class CEMRLConfig(_PopulationConfig):
     agent: AgentConfig = dataclasses.field(default_factory=TD3Config)
     updates_per_generation: int | None = None
     replay: ReplayConfig = ReplayConfig()
-    td3: dataclasses.InitVar[TD3Config | None] = None
 
-    def __post_init__(self, td3: TD3Config | None):
+    def __post_init__(self):
         super().__post_init__()
-        _set_agent(self, td3)
+        _check_agent(self)
 
 
 def make_optimizer(
