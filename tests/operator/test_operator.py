@@ -381,7 +381,11 @@ def test_metrics_probes_and_no_api_calls_for_a_gang_that_just_runs(k8s, operator
 
 def test_the_trainers_progress_patches_wake_no_reconcile(k8s, operator, namespace):
     """Process 0 of every gang patches status.progress every few seconds; none of it is an
-    input of the operator's decisions (operator/evokube_operator/handlers.py)."""
+    input of the operator's decisions (operator/evokube_operator/handlers.py).
+
+    The counter is the whole operator's, and other tests' experiments may reconcile at any
+    time (a requeue, a namespace going): a window with a reconcile is tried again, up to three
+    times. Were patches waking reconciles, every window would hold some."""
     start(k8s, namespace, "quiet", hosts=1, accelerator={"type": "cpu"})
     seen = [-1.0]
 
@@ -391,16 +395,23 @@ def test_the_trainers_progress_patches_wake_no_reconcile(k8s, operator, namespac
         time.sleep(2)
         return quiet
 
-    k8s.wait(settled, "the operator to settle")
-    for generation in range(1, 4):
-        k8s.custom.patch_namespaced_custom_object_status(
-            GROUP,
-            VERSION,
-            namespace,
-            PLURAL,
-            "quiet",
-            {"status": {"progress": {"generation": generation}}},
-        )
-    time.sleep(3)
-    assert operator.metric_sum("evokube_operator_reconciles_total") == seen[0]
-    assert k8s.status(namespace, "quiet")["progress"]["generation"] == 3
+    woken = []
+    for attempt in range(3):
+        k8s.wait(settled, "the operator to settle")
+        before = operator.metric_sum("evokube_operator_reconciles_total")
+        for step in range(1, 4):
+            k8s.custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                "quiet",
+                {"status": {"progress": {"generation": 3 * attempt + step}}},
+            )
+        time.sleep(3)
+        woken.append(operator.metric_sum("evokube_operator_reconciles_total") - before)
+        if woken[-1] == 0:
+            break
+    assert woken[-1] == 0, f"reconciles during each window of 3 progress patches: {woken}"
+    generation = 3 * len(woken)
+    assert k8s.status(namespace, "quiet")["progress"]["generation"] == generation
