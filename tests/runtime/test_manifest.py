@@ -277,3 +277,15 @@ def test_the_trainer_exits_78_on_an_unwritable_checkpoint_directory(tmp_path):
     run = _train(tmp_path, {}, EVOKUBE_CHECKPOINT_DIR="/sys/evokube-test-checkpoints")
     assert run.returncode == exitcodes.PERMANENT, run.stderr[-2000:]
     assert "spec.checkpoint.location: cannot write to /sys/evokube-test-checkpoints" in run.stderr
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((REPO / "examples").glob("*.yaml")),
+    ids=lambda p: p.name,
+)
+def test_every_example_experiment_is_valid_and_maps_to_a_run(path):
+    """The examples users copy first: admitted by the CRD's rules and runnable by the trainer."""
+    defaulted, errors = manifest.check(yaml.safe_load(path.read_text()))
+    assert errors == []
+    to_run_config(defaulted)
