@@ -1,14 +1,15 @@
-# evokube images: one Dockerfile, four targets (docs/images.md).
+# evokube images: one Dockerfile, one image stage, built once per extra (docs/images.md).
 #
-#   docker build --target operator     -t ghcr.io/evokube/operator:0.1.0 .      Kopf operator, no JAX
-#   docker build --target trainer-cuda -t ghcr.io/evokube/trainer-cuda:0.1.0 .  jax[cuda12]; the node brings the driver
-#   docker build --target trainer-tpu  -t ghcr.io/evokube/trainer-tpu:0.1.0 .   jax[tpu] (libtpu)
-#   docker build --target trainer-cpu  -t ghcr.io/evokube/trainer-cpu:0.1.0 .   CPU JAX (the default target)
+#   docker build --build-arg EXTRA=operator -t ghcr.io/evokube/operator:0.1.0 .      Kopf operator, no JAX
+#   docker build --build-arg EXTRA=trainer  -t ghcr.io/evokube/trainer-cpu:0.1.0 .   CPU JAX
+#   docker build --build-arg EXTRA=cuda     -t ghcr.io/evokube/trainer-cuda:0.1.0 .  jax[cuda12]; the node brings the driver
+#   docker build --build-arg EXTRA=tpu --build-arg RUN_AS=0:0 -t ghcr.io/evokube/trainer-tpu:0.1.0 .   jax[tpu] (libtpu)
 #
-# BASE_IMAGE: any Debian-like image with Python >= 3.11 and its venv module.
-# Each image is the base, the user, a layer of dependencies that only changes
-# with pyproject.toml, constraints.txt or docker/install-dependencies.sh, and a
-# small layer with evokube itself.
+# EXTRA has no default: a build without it fails instead of guessing. BASE_IMAGE:
+# any Debian-like image with Python >= 3.11 and its venv module. The image is the
+# base, the user, a layer of dependencies that only changes with EXTRA,
+# pyproject.toml, constraints.txt or docker/install-dependencies.sh, and a small
+# layer with evokube itself.
 ARG BASE_IMAGE=python:3.12-slim-bookworm
 
 # The user evokube, UID/GID 1000, which the operator runs CPU and GPU trainer pods as.
@@ -46,50 +47,20 @@ COPY trainer/ trainer/
 RUN python3 -m venv /tmp/build \
     && /tmp/build/bin/pip wheel --no-deps --wheel-dir /wheels .
 
-# Each target: a virtual environment in /opt/evokube (owned by root, read-only
-# to the user) with the extra's dependencies, then evokube on top. The targets
-# differ only in the extra, the user and what they run: the steps are the same
-# script (docker/install-dependencies.sh) and the same wheel. (The wheels are
+# The image: a virtual environment in /opt/evokube (owned by root, read-only to
+# the user) with the extra's dependencies, then evokube on top. (The wheels are
 # copied, not bind-mounted: Debian's podman 4.3 cannot mount from a cached
-# stage.) A Dockerfile cannot run one stage with different build arguments per
-# target, so each target names its extra here.
-FROM python AS operator
+# stage.) RUN_AS: the image's user; TPU images keep root (libtpu opens the TPU
+# device files, which GKE's device plugin leaves to root: docs/security.md). The
+# operator sets the user of CPU and GPU trainer pods itself, and the chart runs
+# the operator with `command: [evokube-operator]`; the default command trains.
+FROM python AS image
+ARG EXTRA
+ARG RUN_AS=1000:1000
 COPY --from=metadata /metadata /tmp/metadata
-RUN sh /tmp/metadata/install-dependencies.sh operator
+RUN sh /tmp/metadata/install-dependencies.sh "${EXTRA}"
 COPY --from=wheel /wheels /tmp/wheels
 RUN pip install --no-deps /tmp/wheels/evokube-*.whl && rm -r /tmp/wheels
-USER 1000:1000
-EXPOSE 8080
-ENTRYPOINT ["evokube-operator"]
-
-FROM python AS trainer-cuda
-COPY --from=metadata /metadata /tmp/metadata
-RUN sh /tmp/metadata/install-dependencies.sh cuda
-COPY --from=wheel /wheels /tmp/wheels
-RUN pip install --no-deps /tmp/wheels/evokube-*.whl && rm -r /tmp/wheels
-USER 1000:1000
-EXPOSE 8476 9100
-CMD ["evokube-train"]
-
-FROM python AS trainer-tpu
-COPY --from=metadata /metadata /tmp/metadata
-RUN sh /tmp/metadata/install-dependencies.sh tpu
-COPY --from=wheel /wheels /tmp/wheels
-RUN pip install --no-deps /tmp/wheels/evokube-*.whl && rm -r /tmp/wheels
-# TPU pods keep the image's user: libtpu opens the TPU device files, which
-# GKE's device plugin leaves to root (docs/security.md). They still cannot
-# escalate privileges nor hold any capability; the evokube user is there for
-# volumes it should own.
-# hadolint ignore=DL3002
-USER 0:0
-EXPOSE 8476 9100
-CMD ["evokube-train"]
-
-FROM python AS trainer-cpu
-COPY --from=metadata /metadata /tmp/metadata
-RUN sh /tmp/metadata/install-dependencies.sh trainer
-COPY --from=wheel /wheels /tmp/wheels
-RUN pip install --no-deps /tmp/wheels/evokube-*.whl && rm -r /tmp/wheels
-USER 1000:1000
-EXPOSE 8476 9100
+USER ${RUN_AS}
+EXPOSE 8080 8476 9100
 CMD ["evokube-train"]
