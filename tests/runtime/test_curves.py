@@ -95,3 +95,37 @@ def test_curve_of_a_name_without_a_kubeconfig_says_so(tmp_path, capsys, monkeypa
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
     assert main(["curve", "pendulum"]) == exitcodes.PERMANENT
     assert "error: no kubeconfig to find experiment 'pendulum' with" in capsys.readouterr().err
+
+
+def test_evokube_run_writes_tensorboard_beside_history_and_curve_draws_it(tmp_path, capsys):
+    """End to end: `evokube run` (the trainer's own recorders) leaves event files whose
+    scalars are history.jsonl's, and a rerun that resumes adds its own file."""
+    from tests.cluster.controlplane import free_port
+    from tests.runtime.test_multihost import OPENES, experiment, finish, history, start_run
+    from tests.trainer.test_tensorboard_wandb import event_files, scalars
+
+    doc = experiment("board", algorithm=OPENES, hosts=1, devices=1, generations=2, interval=1)
+    doc["spec"]["metricsPort"] = free_port()  # 19100 may be another test's
+    code, out = finish(start_run(tmp_path, doc))
+    assert code == 0, out
+    run = tmp_path / "runs" / "board"
+    assert f"tensorboard --logdir {run}/tensorboard" in out
+    doc["spec"]["stopping"]["maxGenerations"] = 3
+    code, out = finish(start_run(tmp_path, doc))
+    assert code == 0, out
+
+    rows = history(tmp_path, "board")
+    assert [row["generation"] for row in rows] == [1, 2, 3]
+    lives = sorted(
+        (scalars(path) for path in event_files(run / "tensorboard")),
+        key=lambda life: life["ec/fitness_max"][0][0],  # by first generation
+    )
+    assert [life["ec/fitness_max"] for life in lives] == [
+        [(row["generation"], pytest.approx(row["ec/fitness_max"])) for row in rows[:2]],
+        [(3, pytest.approx(rows[2]["ec/fitness_max"]))],
+    ]
+    numbers = {k for k, v in rows[0].items() if isinstance(v, int | float)}  # "generation" too
+    assert set(lives[0]) == numbers
+    assert main(["curve", str(run), "-o", str(tmp_path / "board.png")]) == exitcodes.SUCCESS
+    assert_curve(tmp_path / "board.png")
+    assert_curve(run / "learning-curve.png")

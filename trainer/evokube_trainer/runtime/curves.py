@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from evokube_contract import GROUP, HISTORY_FILE, PLURAL, VERSION
 
@@ -97,7 +98,7 @@ def experiment_location(name: str, namespace: str | None = None) -> str:
     except (ConfigException, OSError) as err:
         raise CurveError(f"no kubeconfig to find experiment {name!r} with: {err}") from err
     try:
-        obj = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        obj: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
             GROUP, VERSION, namespace, PLURAL, name
         )
     except ApiException as err:
