@@ -5,6 +5,7 @@ import logging
 import os
 import struct
 import sys
+import time
 from pathlib import Path
 
 import fsspec
@@ -12,6 +13,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from evokube_trainer.recorders import TensorBoardRecorder, wandb_recorders
+from tests.cluster.controlplane import wait_until
 
 
 def scalars(path) -> dict[str, list[tuple[int, float]]]:
@@ -58,6 +60,21 @@ def test_a_resumed_run_adds_a_second_event_file_and_both_are_read(tmp_path):
     assert lives == [[(1, 1.0), (2, 2.0)], [(3, 3.0)]]
 
 
+def test_a_life_resumed_from_an_earlier_checkpoint_replaces_the_later_points(tmp_path):
+    with TensorBoardRecorder(str(tmp_path)) as first:
+        for generation in (1, 2, 3, 4):
+            first.write(generation, {"ec/fitness_max": float(generation)})
+    # File names start with the Unix second, the order TensorBoard reads them in; a pod
+    # restarts seconds later, so start the second life in the next second.
+    time.sleep(1.01 - time.time() % 1)
+    with TensorBoardRecorder(str(tmp_path)) as resumed:  # from the checkpoint of generation 2
+        for generation in (3, 4, 5):
+            resumed.write(generation, {"ec/fitness_max": generation + 0.5})
+    assert scalars(tmp_path) == {
+        "ec/fitness_max": [(1, 1.0), (2, 2.0), (3, 3.5), (4, 4.5), (5, 5.5)]
+    }
+
+
 def test_tensorboard_in_a_bucket_uploads_at_most_every_interval_and_at_close(tmp_path):
     url = "memory://bucket/ns/exp/tensorboard"
     fs = fsspec.filesystem("memory")
@@ -90,11 +107,24 @@ def test_tensorboard_storage_errors_are_logged_never_raised(caplog):
 def wandb_records(run_dir: Path) -> tuple[str, list[dict[str, str]]]:
     """The project and the history records ({key: JSON value}) of an offline run's .wandb file
     (LevelDB's log format: 32 KiB blocks of chunks with 7-byte headers, after a 7-byte file
-    header); wandb has no reader of its own for it."""
+    header); wandb has no reader of its own for it. wandb-core may still be writing the file
+    when `finish` returns: this waits for the run's exit record."""
+    (path,) = run_dir.glob("*.wandb")
+    read: list[tuple[str, list[dict[str, str]], bool]] = []
+
+    def finished() -> bool:
+        read[:] = [_wandb_file(path.read_bytes())]
+        return read[0][2]
+
+    wait_until(finished, 30, f"the exit record in {path}")
+    project, history, _ = read[0]
+    return project, history
+
+
+def _wandb_file(data: bytes) -> tuple[str, list[dict[str, str]], bool]:
     from wandb.proto import wandb_internal_pb2
 
-    (path,) = run_dir.glob("*.wandb")
-    data, position, pending, records, project = path.read_bytes(), 7, b"", [], ""
+    position, pending, history, project, exited = 7, b"", [], "", False
     while position + 7 <= len(data):
         if 32768 - position % 32768 < 7:  # a block's tail too short for a header is padding
             position += 32768 - position % 32768
@@ -105,12 +135,14 @@ def wandb_records(run_dir: Path) -> tuple[str, list[dict[str, str]]]:
         if kind in (1, 4):  # a full record, or the last chunk of one
             record = wandb_internal_pb2.Record.FromString(pending)
             pending = b""
-            if record.WhichOneof("record_type") == "history":
+            which = record.WhichOneof("record_type")
+            if which == "history":
                 items = record.history.item  # a key with "/" may come as nested_key parts
-                records.append({i.key or "/".join(i.nested_key): i.value_json for i in items})
-            elif record.WhichOneof("record_type") == "run":
+                history.append({i.key or "/".join(i.nested_key): i.value_json for i in items})
+            elif which == "run":
                 project = project or record.run.project  # later run records update
-    return project, records
+            exited = exited or which == "exit"
+    return project, history, exited
 
 
 def test_wandb_is_off_without_an_api_key(monkeypatch):

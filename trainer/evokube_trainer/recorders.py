@@ -180,8 +180,10 @@ class TensorBoardRecorder(RecorderBase):
     """TensorBoard event files in `location` (a folder, or a bucket URL for fsspec): one scalar
     per metric, step = generation, wall time real.
 
-    Every life of a run (a restarted pod, a rerun) starts a new event file, named uniquely;
-    TensorBoard reads every file of the folder. Events are written and flushed synchronously,
+    Every life of a run (a restarted pod, a rerun) starts a new event file, named uniquely,
+    with a SessionLog START at its first generation: TensorBoard reads every file of the
+    folder, and a resumed run's generations replace those the earlier life wrote after the
+    checkpoint. Events are written and flushed synchronously,
     one per generation (tensorboardX's SummaryWriter queues them for a thread that its
     `flush` does not wait for). In a bucket, the file is written in a local temporary folder
     and uploaded whole at most every `upload_every_s` seconds and at close; like
@@ -199,15 +201,22 @@ class TensorBoardRecorder(RecorderBase):
         # A restart within the same second on the same host must not reuse the file's name.
         suffix = f".{os.getpid()}.{uuid.uuid4().hex[:8]}"
         self._writer: Any = EventsWriter(os.path.join(self._folder, "events"), suffix)
+        self._started = False
         self._uploaded_at = -math.inf
         self._dirty = False
 
     def write(self, generation: int, metrics: Metrics) -> None:
-        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
         from tensorboardX.summary import scalar
 
         if self._writer is None:
             raise ValueError(f"recorder for {self.location} is closed")
+        if not self._started:  # TensorBoard then drops earlier lives' points from here on
+            start = SessionLog(status=SessionLog.START)
+            self._writer.write_event(
+                Event(wall_time=time.time(), step=int(generation), session_log=start)
+            )
+            self._started = True
         event = Event(wall_time=time.time(), step=int(generation))
         for name, value in _scalars(metrics).items():
             event.summary.value.extend(scalar(name, value).value)

@@ -98,7 +98,7 @@ def experiment_location(name: str, namespace: str | None = None) -> str:
     except (ConfigException, OSError) as err:
         raise CurveError(f"no kubeconfig to find experiment {name!r} with: {err}") from err
     try:
-        obj: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        obj: Any = client.CustomObjectsApi(api).get_namespaced_custom_object(
             GROUP, VERSION, namespace, PLURAL, name
         )
     except ApiException as err:
