@@ -1,7 +1,12 @@
 """A cluster run's history in a real bucket (fake-gcs-server, moto): TensorBoard event files
 read back by TensorBoard's reader, and `evokube curve NAME` finding history.jsonl through the
-experiment on the API server."""
+experiment on the API server.
 
+Buckets are reached as the trainer reaches them, through the environment the `store` fixture
+sets: the emulator's explicit-endpoint filesystem makes gcsfs probe fake-gcs-server for the
+bucket type over gRPC, 60 s per probe."""
+
+import fsspec
 import pytest
 from kubernetes import client
 from PIL import Image
@@ -23,7 +28,7 @@ def test_tensorboard_event_files_of_two_lives_in_the_bucket(store, tmp_path):
         first.write(2, {"ec/fitness_max": -400.0, "env_steps": 4000})
     with TensorBoardRecorder(location, upload_every_s=0) as resumed:  # a restarted pod
         resumed.write(3, {"ec/fitness_max": -150.0, "env_steps": 6000})
-    fs = emulator.filesystem()
+    fs = fsspec.filesystem(emulator.scheme)  # as the recorder reaches it, from the environment
     fs.get(f"{bucket}/ml/pendulum/tensorboard/", str(tmp_path), recursive=True)
     lives = sorted(scalars(path)["env_steps"] for path in event_files(tmp_path))
     assert lives == [[(1, 2000.0), (2, 4000.0)], [(3, 6000.0)]]
@@ -50,7 +55,7 @@ def test_curve_of_an_experiment_reads_its_checkpoint_location(
     assert f"no history yet: {location}/history.jsonl does not exist" in capsys.readouterr().err
 
     write_history(tmp_path / "history.jsonl")
-    emulator.filesystem().put_file(
+    fsspec.filesystem(emulator.scheme).put_file(
         str(tmp_path / "history.jsonl"), f"{bucket}/{namespace}/pendulum/history.jsonl"
     )
     assert main(args) == exitcodes.SUCCESS
