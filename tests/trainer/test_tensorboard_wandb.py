@@ -2,6 +2,7 @@
 
 import glob
 import logging
+import math
 import os
 import struct
 import sys
@@ -46,6 +47,15 @@ def test_tensorboard_scalars_in_a_folder(tmp_path):
     assert all(abs(t - walltimes[0]) < 60 for t in walltimes) and walltimes[0] > 1.7e9
     with pytest.raises(ValueError, match="closed"):
         recorder.write(3, {"a": 1.0})
+
+
+def test_tensorboard_keeps_nan_quietly(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING), TensorBoardRecorder(str(tmp_path)) as recorder:
+        for generation in (1, 2):  # no evaluation yet: NaN, every generation
+            recorder.write(generation, {"eval/return_mean": float("nan")})
+    ((step, value),) = scalars(tmp_path)["eval/return_mean"][1:]
+    assert step == 2 and math.isnan(value)
+    assert not caplog.records
 
 
 def test_a_resumed_run_adds_a_second_event_file_and_both_are_read(tmp_path):

@@ -207,7 +207,7 @@ class TensorBoardRecorder(RecorderBase):
 
     def write(self, generation: int, metrics: Metrics) -> None:
         from tensorboardX.proto.event_pb2 import Event, SessionLog
-        from tensorboardX.summary import scalar
+        from tensorboardX.proto.summary_pb2 import Summary
 
         if self._writer is None:
             raise ValueError(f"recorder for {self.location} is closed")
@@ -217,9 +217,10 @@ class TensorBoardRecorder(RecorderBase):
                 Event(wall_time=time.time(), step=int(generation), session_log=start)
             )
             self._started = True
-        event = Event(wall_time=time.time(), step=int(generation))
-        for name, value in _scalars(metrics).items():
-            event.summary.value.extend(scalar(name, value).value)
+        # Summary values built directly: tensorboardX's `scalar` would log a warning for
+        # every NaN (an evaluation return before the first evaluation), every generation.
+        values = [Summary.Value(tag=k, simple_value=v) for k, v in _scalars(metrics).items()]
+        event = Event(wall_time=time.time(), step=int(generation), summary=Summary(value=values))
         self._writer.write_event(event)
         self._writer.flush()
         self._dirty = True
