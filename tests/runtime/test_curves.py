@@ -99,19 +99,23 @@ def test_curve_of_a_name_without_a_kubeconfig_says_so(tmp_path, capsys, monkeypa
 
 def test_evokube_run_writes_tensorboard_beside_history_and_curve_draws_it(tmp_path, capsys):
     """End to end: `evokube run` (the trainer's own recorders) leaves event files whose
-    scalars are history.jsonl's, and a rerun that resumes adds its own file."""
+    scalars are history.jsonl's, and a rerun that resumes adds its own file; with
+    WANDB_API_KEY set (offline here), each life logs to the same W&B run."""
     from tests.cluster.controlplane import free_port
     from tests.runtime.test_multihost import OPENES, experiment, finish, history, start_run
-    from tests.trainer.test_tensorboard_wandb import event_files, scalars
+    from tests.trainer.test_tensorboard_wandb import event_files, scalars, wandb_records
+
+    pytest.importorskip("wandb")  # the optional extra evokube[wandb]
+    wandb_env = {"WANDB_API_KEY": "not-a-real-key", "WANDB_MODE": "offline"}
 
     doc = experiment("board", algorithm=OPENES, hosts=1, devices=1, generations=2, interval=1)
     doc["spec"]["metricsPort"] = free_port()  # 19100 may be another test's
-    code, out = finish(start_run(tmp_path, doc))
+    code, out = finish(start_run(tmp_path, doc, env=wandb_env))
     assert code == 0, out
     run = tmp_path / "runs" / "board"
     assert f"tensorboard --logdir {run}/tensorboard" in out
     doc["spec"]["stopping"]["maxGenerations"] = 3
-    code, out = finish(start_run(tmp_path, doc))
+    code, out = finish(start_run(tmp_path, doc, env=wandb_env))
     assert code == 0, out
 
     rows = history(tmp_path, "board")
@@ -126,6 +130,10 @@ def test_evokube_run_writes_tensorboard_beside_history_and_curve_draws_it(tmp_pa
     ]
     numbers = {k for k, v in rows[0].items() if isinstance(v, int | float)}  # "generation" too
     assert set(lives[0]) == numbers
+    runs = sorted((run / "wandb").glob("offline-run-*-default-board"))  # W&B files: run folder
+    assert len(runs) == 2, runs
+    steps = [[record["_step"] for record in wandb_records(life)[1]] for life in runs]
+    assert steps == [["1", "2"], ["3"]]
     assert main(["curve", str(run), "-o", str(tmp_path / "board.png")]) == exitcodes.SUCCESS
     assert_curve(tmp_path / "board.png")
     assert_curve(run / "learning-curve.png")
