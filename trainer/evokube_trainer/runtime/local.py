@@ -4,8 +4,8 @@ Each process gets exactly the environment the operator gives a pod
 (JAX_COORDINATOR_ADDRESS on 127.0.0.1, JAX_NUM_PROCESSES, JAX_PROCESS_ID,
 EVOKUBE_CHECKPOINT_DIR, ...), so a laptop run exercises the multi-host code
 path. Everything lands under runs/<name>/: logs, checkpoints, history.jsonl,
-history.csv and learning-curve.png. Rerunning resumes from the newest
-checkpoint.
+TensorBoard's tensorboard/, history.csv and learning-curve.png. Rerunning
+resumes from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import yaml
 
 import evokube_contract as contract
 from evokube_trainer.runtime import exitcodes
+from evokube_trainer.runtime.curves import plot_learning_curve, read_history
 from evokube_trainer.runtime.objectstore import is_url
 
 # After SIGTERM, how long processes get to checkpoint before SIGKILL, unless the spec's
@@ -130,16 +131,6 @@ class Progress:
         )
 
 
-def read_history(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = {}
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        rows[int(record["generation"])] = record["metrics"]  # a resumed run rewrites gens
-    return [{"generation": g, **rows[g]} for g in sorted(rows)]
-
-
 def write_reports(run_dir: Path) -> list[Path]:
     """history.csv and learning-curve.png from history.jsonl."""
     rows = read_history(run_dir / "history.jsonl")
@@ -151,36 +142,7 @@ def write_reports(run_dir: Path) -> list[Path]:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-    gens = [r["generation"] for r in rows]
-    for key, label in (
-        ("ec/fitness_max", "best fitness"),
-        ("ec/fitness_mean", "mean fitness"),
-        ("eval/return_mean", "evaluation return"),
-    ):
-        points = [
-            (g, r[key])
-            for g, r in zip(gens, rows, strict=True)
-            if isinstance(r.get(key), int | float)
-        ]
-        if points:
-            ax.plot(*zip(*points, strict=True), label=label)
-    ax.set_xlabel("generation")
-    ax.set_ylabel("return")
-    ax.set_title(run_dir.name)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    png_path = run_dir / "learning-curve.png"
-    fig.tight_layout()
-    fig.savefig(png_path)
-    plt.close(fig)
-    return [csv_path, png_path]
+    return [csv_path, plot_learning_curve(rows, run_dir.name, run_dir / "learning-curve.png")]
 
 
 def _stop(procs: list[subprocess.Popen], grace_s: float = GRACE_S) -> None:
@@ -221,6 +183,9 @@ def run_locally(
         file=out,
     )
     print(f"  run folder: {run_dir}", file=out)
+    location = (spec.get("checkpoint") or {}).get("location") or ""
+    board = f"{location if is_url(location) else run_dir}/{contract.TENSORBOARD_SUBDIR}"
+    print(f"  curves:     tensorboard --logdir {board}", file=out)
     print(
         "  metrics:    " + ", ".join(f"http://127.0.0.1:{p}/metrics" for p in metrics_ports),
         file=out,
