@@ -103,6 +103,23 @@ def to_run_config(manifest: Mapping[str, Any]) -> RunConfig:
         raise ManifestError([error], manifest["metadata"]["name"]) from err
 
 
+def to_env_config(
+    environment: Mapping[str, Any], *, eval_episodes: int, normalize_observations: bool
+) -> EnvConfig:
+    """A defaulted `spec.environment` as the trainer runs it (exported policies rebuild their
+    env with it). `normalize_observations`: the field, or the algorithm's default when unset."""
+    return EnvConfig(
+        name=environment["name"],
+        episode_length=environment.get("episodeLength"),
+        episodes_per_member=environment["episodesPerEvaluation"],
+        eval_episodes=eval_episodes,
+        action_repeat=environment["actionRepeat"],
+        reward_scale=float(environment["rewardScale"]),
+        backend=environment.get("backend"),
+        normalize_observations=normalize_observations,
+    )
+
+
 def _run_config(manifest: Mapping[str, Any]) -> RunConfig:
     spec = manifest["spec"]
     algorithm, env, pop = spec["algorithm"], spec["environment"], spec["population"]["size"]
@@ -112,14 +129,9 @@ def _run_config(manifest: Mapping[str, Any]) -> RunConfig:
     optimizer = entry.distribution(ec).optimizer
     make_optimizer(optimizer, pop, 1, options)  # raises now what it would raise in training
 
-    env_config = EnvConfig(
-        name=env["name"],
-        episode_length=env.get("episodeLength"),
-        episodes_per_member=env["episodesPerEvaluation"],
+    env_config = to_env_config(
+        env,
         eval_episodes=spec["evaluation"]["episodes"],
-        action_repeat=env["actionRepeat"],
-        reward_scale=float(env["rewardScale"]),
-        backend=env.get("backend"),
         normalize_observations=env.get("normalizeObservations", entry.normalize_observations),
     )
     hidden = spec["policy"]["hiddenLayers"]

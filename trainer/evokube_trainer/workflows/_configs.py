@@ -16,14 +16,24 @@ ERL and CEM-RL take their RL agent's config as `agent`: `TD3Config` (the default
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
 
-from evokube_trainer.agents import SAC, TD3, Actor, Agent, ParamFlattener, SACConfig, TD3Config
+from evokube_trainer.agents import (
+    SAC,
+    TD3,
+    Actor,
+    GaussianActor,
+    ParamFlattener,
+    SACConfig,
+    TD3Config,
+    deterministic_policy,
+)
 from evokube_trainer.ec import ARS, CMAES, GA, EvoOptimizer, OpenES, SepCEM, SepCMAES, VanillaES
 from evokube_trainer.envs import AutoReset, Box, Env, make_env
 from evokube_trainer.replay import ReplayBuffer
@@ -190,6 +200,30 @@ class _Actor:
         return self.network.init(key, jnp.zeros((self.obs_dim,), jnp.float32))
 
 
+def make_agent(
+    config: ECConfig | ERLConfig | CEMRLConfig, obs_dim: int, action_dim: int
+) -> TD3 | SAC | None:
+    """The RL agent of an ERL or CEM-RL config (TD3 or SAC); None for pure EC."""
+    if isinstance(config, ECConfig):
+        return None
+    if isinstance(config, ERLConfig | CEMRLConfig):
+        agent_type = SAC if isinstance(config.agent, SACConfig) else TD3
+        return agent_type(config.agent, obs_dim, action_dim)
+    raise TypeError(f"no workflow for config type {type(config).__name__}")
+
+
+def actor_network(
+    config: ECConfig | ERLConfig | CEMRLConfig, obs_dim: int, action_dim: int
+) -> Actor | GaussianActor:
+    """The network of the actors `config`'s population evolves (what a policy export holds):
+    EC's deterministic `Actor`, or the RL agent's actor (TD3: `Actor`, SAC: `GaussianActor`).
+    Its deterministic action is `agents.deterministic_policy`."""
+    agent = make_agent(config, obs_dim, action_dim)
+    if agent is None:
+        return Actor(action_dim, tuple(cast(ECConfig, config).actor_hidden_sizes))
+    return agent.actor_network
+
+
 def make_workflow(
     config: ECConfig | ERLConfig | CEMRLConfig, layout: DeviceLayout | None = None
 ) -> Workflow:
@@ -204,19 +238,17 @@ def make_workflow(
     episode_length = episode_length_of(fitness_env)
     obs_dim, action_dim = fitness_env.obs_dim, fitness_env.action_dim
 
-    agent: Agent | None = None
-    if isinstance(config, ECConfig):
-        actor = _Actor(Actor(action_dim, tuple(config.actor_hidden_sizes)), obs_dim)
-        init_params, policy, explore = actor.init, actor.network.apply, None
-    elif isinstance(config, ERLConfig | CEMRLConfig):
-        agent_type = SAC if isinstance(config.agent, SACConfig) else TD3
-        if not isinstance(fitness_env.action_space, Box):
-            name, env_name = agent_type.__name__, env_config.name
-            raise ValueError(f"{name} needs continuous actions; {env_name} has discrete ones")
-        agent = agent_type(config.agent, obs_dim, action_dim)
-        init_params, policy, explore = agent.init_actor_params, agent.policy, agent.explore
+    agent = make_agent(config, obs_dim, action_dim)
+    if agent is None:
+        network = actor_network(config, obs_dim, action_dim)
+        actor = _Actor(network, obs_dim)
+        policy = functools.partial(deterministic_policy, network)
+        init_params, explore = actor.init, None
     else:
-        raise TypeError(f"no workflow for config type {type(config).__name__}")
+        if not isinstance(fitness_env.action_space, Box):
+            name, env_name = type(agent).__name__, env_config.name
+            raise ValueError(f"{name} needs continuous actions; {env_name} has discrete ones")
+        init_params, policy, explore = agent.init_actor_params, agent.policy, agent.explore
 
     flattener = ParamFlattener.from_params(init_params(jax.random.PRNGKey(0)))
     optimizer = make_optimizer(
