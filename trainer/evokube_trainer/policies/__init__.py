@@ -1,4 +1,5 @@
-"""Exported policies: the deployable actor of a run as a small folder (`artifact.py`)."""
+"""Exported policies: the deployable actor of a run as a small folder (`artifact.py`), written
+by the trainer at each evaluation (`export.py`)."""
 
 from evokube_trainer.policies.artifact import (
     FORMAT,
@@ -11,13 +12,17 @@ from evokube_trainer.policies.artifact import (
     read_policy,
     write_policy,
 )
+from evokube_trainer.policies.export import BEST, PolicyExporter, generation_folder
 
 __all__ = [
+    "BEST",
     "FORMAT",
     "METADATA_FILE",
     "PARAMS_FILE",
     "PolicyArtifact",
+    "PolicyExporter",
     "PolicyReadError",
+    "generation_folder",
     "network_config",
     "network_from_config",
     "read_policy",

@@ -120,6 +120,21 @@ def to_env_config(
     )
 
 
+def to_environment_spec(env: EnvConfig) -> dict[str, Any]:
+    """The inverse of `to_env_config`: `spec.environment` as the trainer ran it (exported
+    policies record it), with `normalizeObservations` resolved."""
+    spec = {
+        "name": env.name,
+        "episodeLength": env.episode_length,
+        "episodesPerEvaluation": env.episodes_per_member,
+        "actionRepeat": env.action_repeat,
+        "rewardScale": env.reward_scale,
+        "backend": env.backend,
+        "normalizeObservations": env.normalize_observations,
+    }
+    return {field: value for field, value in spec.items() if value is not None}
+
+
 def _run_config(manifest: Mapping[str, Any]) -> RunConfig:
     spec = manifest["spec"]
     algorithm, env, pop = spec["algorithm"], spec["environment"], spec["population"]["size"]

@@ -4,8 +4,9 @@ Each process gets exactly the environment the operator gives a pod
 (JAX_COORDINATOR_ADDRESS on 127.0.0.1, JAX_NUM_PROCESSES, JAX_PROCESS_ID,
 EVOKUBE_CHECKPOINT_DIR, ...), so a laptop run exercises the multi-host code
 path. Everything lands under runs/<name>/: logs, checkpoints, history.jsonl,
-history.csv and learning-curve.png. Rerunning resumes from the newest
-checkpoint.
+history.csv, learning-curve.png and the exported policies (policies/best/ and
+policies/generation-<N>/, as beside a cluster run's checkpoints). Rerunning
+resumes from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -50,6 +51,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def checkpoint_dir(manifest: Mapping[str, Any], run_dir: Path) -> str:
+    """Where a local run's checkpoints, XLA cache and policies go. A bucket location is
+    honoured; a path is not: everything of a local run stays in its run folder."""
+    location = (manifest["spec"].get("checkpoint") or {}).get("location") or ""
+    return location if is_url(location) else str(run_dir)
+
+
+def best_policy(location: str) -> str | None:
+    """'<folder> (evaluation return R at generation N)' for the best policy the run at
+    `location` exported, or None when there is none (or it cannot be read)."""
+    import fsspec
+
+    from evokube_trainer.policies import BEST, METADATA_FILE
+
+    folder = f"{location.rstrip('/')}/{contract.POLICIES_SUBDIR}/{BEST}"
+    try:
+        fs, path = fsspec.core.url_to_fs(folder)
+        metadata = json.loads(fs.cat_file(f"{path}/{METADATA_FILE}"))
+    except OSError:
+        return None
+    score, generation = metadata["evalReturn"], metadata["generation"]
+    return f"{folder} (evaluation return {score:.6g} at generation {generation})"
+
+
 def process_env(
     manifest: Mapping[str, Any],
     run_dir: Path,
@@ -61,13 +86,10 @@ def process_env(
     """The environment of local process `process_id`: what the operator sets in a pod (the
     experiment's name and namespace are the manifest's, as in a pod)."""
     spec = manifest["spec"]
-    location = (spec.get("checkpoint") or {}).get("location") or ""
     env = {
         **os.environ,
         contract.ENV_MANIFEST: str(run_dir / "experiment.yaml"),
-        # A bucket location is honoured (checkpoints and XLA cache there); a path is not:
-        # everything of a local run stays in its run folder.
-        contract.ENV_CHECKPOINT_DIR: location if is_url(location) else str(run_dir),
+        contract.ENV_CHECKPOINT_DIR: checkpoint_dir(manifest, run_dir),
         contract.ENV_METRICS_PORT: str(metrics_port),
         contract.ENV_HISTORY: str(run_dir / contract.HISTORY_FILE),
         "PYTHONUNBUFFERED": "1",
@@ -270,6 +292,9 @@ def run_locally(
     reports = write_reports(run_dir)
     if all(code == 0 for code in codes):
         print(f"done. {', '.join(str(p) for p in reports)}", file=out)
+        best = best_policy(checkpoint_dir(manifest, run_dir))
+        if best is not None:
+            print(f"best policy: {best}", file=out)
         return exitcodes.SUCCESS
     worst = next(c for c in codes if c != 0)
     failed_id = codes.index(worst)
