@@ -173,9 +173,9 @@ def _ffmpeg_available() -> bool:
 
 def _headless_pygame() -> None:
     """gymnax draws classic-control envs through Gymnasium's pygame renderer, which starts
-    pygame afresh for every frame. Unless told otherwise, pygame then opens a display and an
-    audio device it never uses: errors on a headless machine, and 0.2 s instead of 0.05 s a
-    frame. Only an image is drawn, so dummy drivers lose nothing."""
+    pygame afresh for every frame; unless told otherwise, pygame opens a display and an audio
+    device it never uses, printing errors for each frame on a headless machine. Only an image
+    is drawn, so dummy drivers lose nothing."""
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
     os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
