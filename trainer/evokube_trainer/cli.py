@@ -65,8 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _policy(url: str):
     """The policy `url` names, or print why there is none and return None (no traceback)."""
-    from evokube_trainer.policies import PolicyReadError, read_policy
-    from evokube_trainer.policies.play import PlaybackError, find_policy
+    from evokube_trainer.policies import PlaybackError, PolicyReadError, find_policy, read_policy
 
     try:
         return read_policy(find_policy(url))
@@ -78,7 +77,7 @@ def _policy(url: str):
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    from evokube_trainer.policies.play import PlaybackError, evaluate_policy
+    from evokube_trainer.policies import PlaybackError, evaluate_policy
 
     artifact = _policy(args.policy)
     if artifact is None:
@@ -101,7 +100,7 @@ def evaluate(args: argparse.Namespace) -> int:
 
 
 def render(args: argparse.Namespace) -> int:
-    from evokube_trainer.policies.play import PlaybackError, render_policy
+    from evokube_trainer.policies import PlaybackError, render_policy
 
     artifact = _policy(args.policy)
     if artifact is None:
