@@ -222,13 +222,15 @@ def test_missing_and_unreadable_policies_are_errors_without_a_traceback(tmp_path
         ("gymnax/Pendulum-v1", "a.html", "*.gif or *.mp4"),
         ("gymnax/Pendulum-v1", "a.mp4", "needs ffmpeg"),  # PATH is emptied below
         ("brax/inverted_pendulum", "a.gif", "*.html"),
+        ("gymnax/Pendulum-v1", "memory://bucket/a.gif", "writes a local file"),
     ],
 )
 def test_render_refuses_what_it_cannot_write_naming_why(tmp_path, monkeypatch, env, file, says):
     monkeypatch.setenv("PATH", "")
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(PlaybackError, match=re.escape(says)):
-        render_policy(_artifact({"name": env}), tmp_path / file)
-    assert not (tmp_path / file).exists()
+        render_policy(_artifact({"name": env}), file)
+    assert not any(tmp_path.iterdir())  # nothing written, not even a folder
 
 
 def test_the_visualized_envs_are_the_ones_gymnax_visualizer_draws():

@@ -129,6 +129,8 @@ def render_policy(artifact: PolicyArtifact, path: str | os.PathLike, seed: int =
     to watch: a Brax env as Brax's HTML viewer (`.html`; the page loads the viewer's script
     from a CDN), a gymnax env as an animation (`.gif`; `.mp4` needs ffmpeg). Returns the path.
     """
+    if "://" in str(path):
+        raise PlaybackError(f"render writes a local file, not {path}; copy it up afterwards")
     path = Path(path)
     name = artifact.env_config.name
     family, _, env_id = name.partition("/")
