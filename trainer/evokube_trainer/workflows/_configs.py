@@ -16,7 +16,6 @@ ERL and CEM-RL take their RL agent's config as `agent`: `TD3Config` (the default
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Mapping
 from typing import Any, cast
@@ -191,13 +190,17 @@ def env_from_config(env_config: EnvConfig, num_envs: int, autoreset: str) -> Env
 
 @dataclasses.dataclass(frozen=True)
 class _Actor:
-    """Initialization of one actor network (a hashable stand-in for a closure)."""
+    """Initialization and deterministic action of one actor network (a hashable stand-in for
+    closures)."""
 
     network: Actor
     obs_dim: int
 
     def init(self, key: Array) -> Any:
         return self.network.init(key, jnp.zeros((self.obs_dim,), jnp.float32))
+
+    def policy(self, params: Any, obs: Array) -> Array:
+        return deterministic_policy(self.network, params, obs)
 
 
 def make_agent(
@@ -207,8 +210,9 @@ def make_agent(
     if isinstance(config, ECConfig):
         return None
     if isinstance(config, ERLConfig | CEMRLConfig):
-        agent_type = SAC if isinstance(config.agent, SACConfig) else TD3
-        return agent_type(config.agent, obs_dim, action_dim)
+        if isinstance(config.agent, SACConfig):
+            return SAC(config.agent, obs_dim, action_dim)
+        return TD3(config.agent, obs_dim, action_dim)
     raise TypeError(f"no workflow for config type {type(config).__name__}")
 
 
@@ -240,10 +244,8 @@ def make_workflow(
 
     agent = make_agent(config, obs_dim, action_dim)
     if agent is None:
-        network = actor_network(config, obs_dim, action_dim)
-        actor = _Actor(network, obs_dim)
-        policy = functools.partial(deterministic_policy, network)
-        init_params, explore = actor.init, None
+        actor = _Actor(cast(Actor, actor_network(config, obs_dim, action_dim)), obs_dim)
+        init_params, policy, explore = actor.init, actor.policy, None
     else:
         if not isinstance(fitness_env.action_space, Box):
             name, env_name = type(agent).__name__, env_config.name
