@@ -6,6 +6,8 @@ Compilation dominates on CPU: tiny networks and short episodes.
 """
 
 import json
+import threading
+import time
 
 import fsspec
 import jax
@@ -13,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from evokube_trainer.agents import SACConfig, TD3Config
+from evokube_trainer.agents import Actor, SACConfig, TD3Config
 from evokube_trainer.envs import normalize_obs
 from evokube_trainer.policies import (
     FORMAT,
@@ -175,3 +177,41 @@ def test_an_incomplete_folder_is_refused(tmp_path):
     (tmp_path / PARAMS_FILE).write_bytes(b"")
     with pytest.raises(PolicyReadError, match="format"):
         read_policy(str(tmp_path))
+
+
+def test_a_reader_never_sees_a_folder_half_replaced(tmp_path):
+    """One thread replaces the folder over and over with two policies (every 20 ms; the
+    trainer does at most once per evaluation); every read gets one of them whole: its params
+    are the ones its policy.json describes."""
+    network = Actor(action_dim=1, hidden_sizes=(64, 64))
+    policies = {
+        generation: PolicyArtifact(
+            metadata={"generation": generation, "network": network_config(network)},
+            params=jax.device_get(network.init(jax.random.PRNGKey(generation), jnp.zeros(3))),
+            obs_stats=None,
+        )
+        for generation in (1, 2)
+    }
+    url = str(tmp_path / "best")
+    write_policy(url, policies[1])
+    done = threading.Event()
+
+    def writer():
+        for count in range(100):
+            write_policy(url, policies[1 + count % 2])
+            time.sleep(0.02)
+        done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    reads = 0
+    while not done.is_set():
+        loaded = read_policy(url, retry_s=0.05)
+        want = policies[loaded.metadata["generation"]].params
+        for got, expected in zip(
+            jax.tree.leaves(loaded.params), jax.tree.leaves(want), strict=True
+        ):
+            np.testing.assert_array_equal(got, expected)
+        reads += 1
+    thread.join()
+    assert reads > 10
