@@ -10,11 +10,10 @@ scenario's timeline.
 import numpy as np
 import pytest
 
-from evokube_trainer.policies import read_policy
+from evokube_trainer.policies import evaluate_policy, read_policy
 from tests.e2e import scenarios
 from tests.e2e.scenarios import KILL_AT, Report, Timeline, table_columns
 from tests.objectstore.emulators import start_fake_gcs, start_moto
-from tests.trainer.policy_helpers import play
 
 pytestmark = pytest.mark.cluster
 
@@ -71,7 +70,7 @@ def check_policy(stack, namespace: str, report: Report) -> None:
     policy = read_policy(result["policyURI"])
     assert policy.metadata["evalReturn"] == result["bestReturn"], policy.metadata
     assert policy.metadata["generation"] == result["generation"], policy.metadata
-    returns = play(policy, episodes=8)  # CartPole: 1 per step, at most 200 (episodeLength)
+    returns = evaluate_policy(policy, episodes=8)  # CartPole: 1 a step, at most 200 (episodeLength)
     assert np.all((returns >= 1) & (returns <= 200)), returns
     # A random policy scores about 20; the exported one plays like its evaluation did.
     assert returns.mean() >= result["bestReturn"] / 2, (returns, result)

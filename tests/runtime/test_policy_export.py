@@ -9,9 +9,8 @@ import json
 import jax
 import numpy as np
 
-from evokube_trainer.policies import read_policy
+from evokube_trainer.policies import evaluate_policy, read_policy
 from tests.runtime.test_multihost import OPENES, experiment, finish, history, start_run
-from tests.trainer.policy_helpers import play
 
 EPISODE = 50  # Pendulum steps per episode (the experiment's episodeLength)
 
@@ -45,7 +44,7 @@ def test_a_run_exports_its_policies_and_its_best_survives_a_resume(tmp_path):
     assert best.metadata["algorithm"] == "openes" and best.metadata["seed"] == 7
     assert best.obs_stats is not None  # openes normalizes observations by default
     assert best.env_config.episode_length == EPISODE
-    episode_returns = play(best, episodes=4)
+    episode_returns = evaluate_policy(best, episodes=4)
     assert episode_returns.shape == (4,)
     assert np.all((episode_returns <= 0) & (episode_returns >= -16.3 * EPISODE))
 

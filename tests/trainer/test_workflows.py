@@ -281,7 +281,11 @@ def test_rollout_counts_steps_and_freezes_finished_episodes():
     flat = jax.vmap(lambda k: workflow.flatten(workflow.init_params(k)))(
         jax.random.split(jax.random.PRNGKey(0), 5)
     )  # [5, D]
-    run = jax.jit(lambda p, k: workflow.rollout.run(p, jnp.zeros(5), k, collect_transitions=True))
+    run = jax.jit(
+        lambda p, k: workflow.rollout.run(
+            p, jnp.zeros(5), k, collect_transitions=True, record_states=True
+        )
+    )
     result = run(flat, jax.random.PRNGKey(1))
     assert result.episode_returns.shape == (5, 3)
     assert result.transitions.obs.shape == (500, 5, 3, 4)  # [T, N, K, obs]
@@ -289,6 +293,10 @@ def test_rollout_counts_steps_and_freezes_finished_episodes():
     np.testing.assert_array_equal(result.episode_returns, result.episode_lengths)
     np.testing.assert_array_equal(result.valid.sum(axis=0), result.episode_lengths)
     assert int(result.env_steps) == int(result.episode_lengths.sum())
+    # The recorded states are the ones acted on, live from the reset to the one that ended it.
+    np.testing.assert_array_equal(result.states.obs, result.transitions.obs)
+    live = (result.states.info["frozen"] == 0).sum(axis=0)  # [N, K]
+    np.testing.assert_array_equal(live, np.minimum(result.episode_lengths + 1, 500))
 
 
 def test_warmup_fills_the_buffer_with_random_transitions(tiny_erl):

@@ -3,6 +3,11 @@
 evokube validate FILE...             every error with its field path; exit 78 if any
 evokube run FILE [--processes N]     train here, N local processes wired like pods
 evokube curve NAME|FOLDER|URL        the learning-curve PNG of any run's history.jsonl
+evokube eval POLICY [--episodes N]   a trained policy's mean and std return over N episodes
+evokube render POLICY -o FILE        one episode to watch: Brax HTML viewer, gymnax GIF/MP4
+
+POLICY: a policy folder, or a run folder / checkpoint location (its policies/best), as a path
+or a gs://, s3:// URL.
 """
 
 from __future__ import annotations
@@ -85,6 +90,57 @@ def add_curve_command(commands) -> None:
     plot.set_defaults(func=curve)
 
 
+def _policy(url: str):
+    """The policy `url` names, or print why there is none and return None (no traceback)."""
+    from evokube_trainer.policies import PlaybackError, PolicyReadError, find_policy, read_policy
+
+    try:
+        return read_policy(find_policy(url))
+    except (PlaybackError, PolicyReadError) as err:
+        print(f"error: {err}", file=sys.stderr)
+    except Exception as err:  # an unreachable bucket, a corrupt file: still no traceback
+        print(f"error: {url}: could not be read: {type(err).__name__}: {err}", file=sys.stderr)
+    return None
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    from evokube_trainer.policies import PlaybackError, evaluate_policy
+
+    artifact = _policy(args.policy)
+    if artifact is None:
+        return exitcodes.PERMANENT
+    try:
+        returns = evaluate_policy(artifact, args.episodes, args.seed)
+    except PlaybackError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return exitcodes.PERMANENT
+    meta = artifact.metadata
+    env_id = artifact.env_config.name.partition("/")[2]
+    trained = meta.get("evalReturn")
+    trained_text = "not evaluated" if trained is None else f"{trained:.1f}"
+    print(
+        f"{env_id}: return {returns.mean():.1f} ± {returns.std():.1f} over {len(returns)} "
+        f"episodes (policy from generation {meta.get('generation')}, "
+        f"trained return {trained_text})"
+    )
+    return exitcodes.SUCCESS
+
+
+def render(args: argparse.Namespace) -> int:
+    from evokube_trainer.policies import PlaybackError, render_policy
+
+    artifact = _policy(args.policy)
+    if artifact is None:
+        return exitcodes.PERMANENT
+    try:
+        path = render_policy(artifact, args.output, args.seed)
+    except PlaybackError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return exitcodes.PERMANENT
+    print(f"{artifact.env_config.name}: one episode written to {path}")
+    return exitcodes.SUCCESS
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="evokube", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -104,6 +160,22 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--runs-dir", default="runs", help="where runs/<name>/ goes")
     train.set_defaults(func=run)
     add_curve_command(commands)
+    policy_help = "a policy folder, or a run folder / checkpoint location (its policies/best)"
+    play = commands.add_parser("eval", help="a trained policy's return over fresh episodes")
+    play.add_argument("policy", help=policy_help)
+    play.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
+    play.add_argument("--seed", type=int, default=0, help="seed of the episodes (default 0)")
+    play.set_defaults(func=evaluate)
+    show = commands.add_parser("render", help="one episode of a trained policy, to watch")
+    show.add_argument("policy", help=policy_help)
+    show.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="the file to write: .html for Brax envs, .gif (or .mp4 with ffmpeg) for gymnax",
+    )
+    show.add_argument("--seed", type=int, default=0, help="seed of the episode (default 0)")
+    show.set_defaults(func=render)
     args = parser.parse_args(argv)
     return args.func(args)
 

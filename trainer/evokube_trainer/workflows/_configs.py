@@ -174,7 +174,9 @@ def episode_length_of(env: Env) -> int:
     return layer.episode_length
 
 
-def _make(env_config: EnvConfig, num_envs: int, autoreset: str) -> Env:
+def env_from_config(env_config: EnvConfig, num_envs: int, autoreset: str) -> Env:
+    """The batched env of `env_config` as the workflows build it (exported policies are played
+    on the same one)."""
     return make_env(
         env_config.name,
         num_envs=num_envs,
@@ -235,8 +237,8 @@ def make_workflow(
     the device count so that every device holds an equal shard.
     """
     env_config = config.env
-    fitness_env = _make(env_config, env_config.episodes_per_member, "disabled")
-    eval_env = _make(env_config, env_config.eval_episodes, "disabled")
+    fitness_env = env_from_config(env_config, env_config.episodes_per_member, "disabled")
+    eval_env = env_from_config(env_config, env_config.eval_episodes, "disabled")
     episode_length = episode_length_of(fitness_env)
     obs_dim, action_dim = fitness_env.obs_dim, fitness_env.action_dim
 
@@ -309,7 +311,11 @@ def make_workflow(
             num_updates=num_updates,
             learning_starts=learning_starts,
         )
-    warmup_env = _make(env_config, replay.warmup_envs, "same_step") if replay.warmup_steps else None
+    warmup_env = (
+        env_from_config(env_config, replay.warmup_envs, "same_step")
+        if replay.warmup_steps
+        else None
+    )
     return Workflow(
         **common,
         learner=learner,

@@ -17,6 +17,9 @@ Observation normalization: given `obs_stats`, every policy call sees
 `normalize_obs(obs_stats, obs)` while the env, the transitions and the recorded statistics keep
 the raw observations; `collect_obs_stats` also returns, per member, the running statistics of
 the raw observations it acted on (the workflow pools them into its next generation's stats).
+
+Recording: `record_states` also returns every env state acted on (`policies.play` renders
+one episode from them).
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ class RolloutResult:
     # per member, the raw observations it acted on (count [N], mean and m2 [N, obs_dim]) when
     # collected, else None
     obs_stats: RunningStats | None = None
+    # the states acted on, leaves [T, N, K, ...], when recorded, else None: step t's state
+    # before its action (the reset state first); info["frozen"] marks those after the episode
+    states: EnvState | None = None
 
 
 def transition_from_step(obs: Array, action: Array, nxt: EnvState) -> Transition:
@@ -107,11 +113,13 @@ class PopulationRollout:
         collect_transitions: bool = False,
         obs_stats: RunningStats | None = None,
         collect_obs_stats: bool = False,
+        record_states: bool = False,
     ) -> RolloutResult:
         """`flat_params` `[N, D]`; `noise_std` `[N]` exploration scale per member (0 for the
         deterministic policy; see `act`). `obs_stats`: the (frozen) statistics the policy's
         observations are normalized with; None feeds raw observations. `collect_obs_stats`:
-        also return each member's statistics of the raw observations it acted on."""
+        also return each member's statistics of the raw observations it acted on.
+        `record_states`: also return the env states acted on (`RolloutResult.states`)."""
         num_members = flat_params.shape[0]
         params = jax.vmap(self.unflatten)(flat_params)  # leaves [N, ...]
         reset_key, noise_key = jax.random.split(key)
@@ -132,10 +140,12 @@ class PopulationRollout:
             if seen is not None:
                 seen = jax.vmap(update_running_stats)(seen, obs, valid)
             transition = transition_from_step(obs, action, nxt) if collect_transitions else None
-            return (nxt, seen), (transition, valid)
+            return (nxt, seen), (transition, valid, state if record_states else None)
 
         step_keys = jax.random.split(noise_key, self.episode_length)
-        (final, seen), (transitions, valid) = jax.lax.scan(one_step, (env_state, seen), step_keys)
+        (final, seen), (transitions, valid, states) = jax.lax.scan(
+            one_step, (env_state, seen), step_keys
+        )
         return RolloutResult(
             episode_returns=final.info["episode_return"],  # [N, K]
             episode_lengths=final.info["episode_length"],  # [N, K]
@@ -143,6 +153,7 @@ class PopulationRollout:
             transitions=transitions,  # [T, N, K, ...] or None
             valid=valid if collect_transitions else None,  # [T, N, K]
             obs_stats=seen,  # [N] or None
+            states=states,  # [T, N, K] or None
         )
 
 
