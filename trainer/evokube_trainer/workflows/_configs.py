@@ -8,8 +8,9 @@ own hyperparameters through `optimizer_options`; everything else is a field with
 * `ERLConfig`    ERL: an optimizer (the GA by default; OpenES gives ERL-ES, SepCEM ERL-EDA)
                  plus K independent RL agents injected every `injection_interval` generations.
 * `CEMRLConfig`  CEM-RL: SepCEM plus K actors trained against one shared critic.
+* `PBTConfig`    PBT: `pop_size` RL agents with their own hyperparameters, no EC optimizer.
 
-ERL and CEM-RL take their RL agent's config as `agent`: `TD3Config` (the default) or
+ERL, CEM-RL and PBT take their RL agent's config as `agent`: `TD3Config` (the default) or
 `SACConfig`; its `actor_hidden_sizes` is the architecture the population evolves.
 """
 
@@ -29,6 +30,7 @@ from evokube_trainer.envs import AutoReset, Box, Env, make_env
 from evokube_trainer.replay import ReplayBuffer
 from evokube_trainer.workflows._layout import DeviceLayout
 from evokube_trainer.workflows._learners import IndependentAgents, SharedCritic
+from evokube_trainer.workflows._pbt import PopulationBasedTraining
 from evokube_trainer.workflows._rollout import PopulationRollout
 from evokube_trainer.workflows._workflow import Workflow
 
@@ -100,7 +102,7 @@ class ECConfig(_PopulationConfig):
 AgentConfig = TD3Config | SACConfig
 
 
-def _check_agent(config: ERLConfig | CEMRLConfig) -> None:
+def _check_agent(config: ERLConfig | CEMRLConfig | PBTConfig) -> None:
     if not isinstance(config.agent, AgentConfig):
         raise TypeError(f"agent must be a TD3Config or SACConfig, got {type(config.agent)}")
 
@@ -143,6 +145,28 @@ class CEMRLConfig(_PopulationConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        _check_agent(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class PBTConfig:
+    """Population-based training (`_pbt.py`): `pop_size` agents, each with its own
+    hyperparameters. `ranges`: name -> (min, max) for any of `agent`'s PBT hyperparameters
+    (`Agent.hyperparameters`); the others keep `agent`'s value. `updates_per_generation` as in
+    ERL, per member."""
+
+    env: EnvConfig = EnvConfig()
+    pop_size: int = 8
+    fitness_reduction: str = "mean"
+    agent: AgentConfig = dataclasses.field(default_factory=TD3Config)
+    updates_per_generation: int | None = None
+    replay: ReplayConfig = ReplayConfig()
+    interval: int = 5  # generations between exploit/explore steps
+    exploit_fraction: float = 0.25
+    perturb_factors: tuple[float, ...] = (0.8, 1.25)
+    ranges: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
         _check_agent(self)
 
 
@@ -189,7 +213,7 @@ class _Actor:
 
 
 def make_workflow(
-    config: ECConfig | ERLConfig | CEMRLConfig, layout: DeviceLayout | None = None
+    config: ECConfig | ERLConfig | CEMRLConfig | PBTConfig, layout: DeviceLayout | None = None
 ) -> Workflow:
     """Builds the static workflow for `config`. Envs are created here (Brax: seconds each).
 
@@ -206,7 +230,7 @@ def make_workflow(
     if isinstance(config, ECConfig):
         actor = _Actor(Actor(action_dim, tuple(config.actor_hidden_sizes)), obs_dim)
         init_params, policy, explore = actor.init, actor.network.apply, None
-    elif isinstance(config, ERLConfig | CEMRLConfig):
+    elif isinstance(config, ERLConfig | CEMRLConfig | PBTConfig):
         agent_type = SAC if isinstance(config.agent, SACConfig) else TD3
         if not isinstance(fitness_env.action_space, Box):
             name, env_name = agent_type.__name__, env_config.name
@@ -217,9 +241,11 @@ def make_workflow(
         raise TypeError(f"no workflow for config type {type(config).__name__}")
 
     flattener = ParamFlattener.from_params(init_params(jax.random.PRNGKey(0)))
-    optimizer = make_optimizer(
-        config.optimizer, config.pop_size, flattener.num_dims, config.optimizer_options
-    )
+    optimizer = None
+    if not isinstance(config, PBTConfig):
+        optimizer = make_optimizer(
+            config.optimizer, config.pop_size, flattener.num_dims, config.optimizer_options
+        )
     fitness_rollout = PopulationRollout(
         fitness_env, policy, flattener.unflatten, episode_length, explore
     )
@@ -236,6 +262,7 @@ def make_workflow(
     )
     if agent is None:
         return Workflow(**common)
+    assert not isinstance(config, ECConfig)
 
     replay = config.replay
     capacity = replay.capacity
@@ -251,7 +278,33 @@ def make_workflow(
         num_rollouts = config.pop_size
     steps_per_generation = num_rollouts * env_config.episodes_per_member * episode_length
     num_updates = config.updates_per_generation or steps_per_generation
-    if isinstance(config, ERLConfig):
+    learner: IndependentAgents | SharedCritic | PopulationBasedTraining
+    if isinstance(config, PBTConfig):
+        unknown = sorted(set(config.ranges) - set(agent.hyperparameters))
+        if unknown:
+            raise ValueError(
+                f"PBT cannot vary {unknown}; {type(agent).__name__} offers "
+                f"{sorted(agent.hyperparameters)}"
+            )
+        learner = PopulationBasedTraining(
+            members=IndependentAgents(
+                agent=agent,
+                buffer=buffer,
+                flatten=flattener.flatten,
+                num_agents=config.pop_size,
+                num_updates=num_updates,
+                injection_interval=1,
+                learning_starts=learning_starts,
+            ),
+            ranges={
+                name: tuple(config.ranges.get(name, (value, value)))
+                for name, value in agent.hyperparameters.items()
+            },
+            interval=config.interval,
+            exploit_fraction=config.exploit_fraction,
+            perturb_factors=tuple(config.perturb_factors),
+        )
+    elif isinstance(config, ERLConfig):
         learner = IndependentAgents(
             agent=agent,
             buffer=buffer,
