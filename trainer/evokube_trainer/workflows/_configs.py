@@ -297,7 +297,7 @@ def make_workflow(
                 learning_starts=learning_starts,
             ),
             ranges={
-                name: tuple(config.ranges.get(name, (value, value)))
+                name: config.ranges.get(name, (value, value))
                 for name, value in agent.hyperparameters.items()
             },
             interval=config.interval,

@@ -274,12 +274,11 @@ class Workflow:
         then the learner's own actors (ERL's K agents; CEM-RL's trained actors are members
         already). An ERL distribution's mean blends the injected agents with members of other
         lineages, so its agents may well be the better policy: evaluation decides."""
+        best = [] if self.optimizer is None else [self.optimizer.best(state.ec)[None]]  # [1, D]
         if self.learner is None:
-            return self.optimizer.best(state.ec)[None]  # [1, D]
+            return best[0]
         actors, _ = self.learner.actors(state.learner)  # [K, D]
-        if self.optimizer is None:
-            return actors
-        return jnp.concatenate([self.optimizer.best(state.ec)[None], actors])
+        return jnp.concatenate([*best, actors])
 
     def evaluate(self, state: WorkflowState) -> Metrics:
         """Returns of the best candidate policy (`candidates`), acting deterministically, over
