@@ -248,7 +248,7 @@ def test_pbt_hyperparameters_are_those_of_the_learner(learner):
             "hyperparameters.criticLearningRate.max",
         ),
         (
-            {"hyperparameters": {"actorLearningRate": {"min": 0, "max": 1e-4}}},
+            {"hyperparameters": {"actorLearningRate": {"min": 0.0, "max": 1e-4}}},
             "hyperparameters.actorLearningRate.min",
         ),
         (

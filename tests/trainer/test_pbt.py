@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from evokube_trainer.runtime.checkpoints import Checkpointer
+from evokube_trainer.runtime.trainer import _progress
 from evokube_trainer.workflows import EnvConfig, PBTConfig, PBTState
 from tests.trainer.test_workflows import (
     LEARNING_REPLAY,
@@ -114,6 +115,18 @@ def test_the_step_exploits_every_interval_generations_and_reports_the_best(tiny_
     values = {float(metrics[f"pbt/best/{n}"]) for n in workflow.learner.ranges}
     members = {float(v) for h in state.learner.hyperparameters.values() for v in h}
     assert values <= members
+
+
+def test_the_trainer_reports_the_best_members_hyperparameters_as_the_spec_names_them(tiny_pbt):
+    _, fns = tiny_pbt
+    _, metrics = fns.step(fns.init(jax.random.PRNGKey(6)))
+    progress = _progress({k: float(v) for k, v in metrics.items()}, None)
+    assert progress["hyperparameters"] == {
+        "actorLearningRate": float(metrics["pbt/best/actor_lr"]),
+        "criticLearningRate": float(metrics["pbt/best/critic_lr"]),
+        "explorationNoise": float(metrics["pbt/best/exploration_noise"]),
+    }
+    assert progress["bestFitness"] == float(metrics["ec/fitness_max"])
 
 
 def test_a_resumed_pbt_run_continues_bitwise(tiny_pbt, tmp_path):

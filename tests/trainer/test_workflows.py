@@ -526,6 +526,20 @@ def test_erl_ga_with_sac_learns_pendulum():
     assert _pendulum_return_after(config, 15) > -400
 
 
+def test_cemrl_with_sac_learns_pendulum():
+    """CEM-RL with SAC actors (sampling their policies in training, deterministic when
+    evaluated), set up as the TD3 run. Seed 0 measured -1560 untrained, -333 at generation 7
+    and -204 at 15 (about 65 s here, compilation included)."""
+    config = CEMRLConfig(
+        env=EnvConfig(PENDULUM, eval_episodes=10),
+        pop_size=10,
+        agent=LEARNING_SAC,
+        updates_per_generation=400,
+        replay=LEARNING_REPLAY,
+    )
+    assert _pendulum_return_after(config, 15) > -500
+
+
 def test_openes_solves_cartpole():
     config = ECConfig(
         env=EnvConfig("gymnax/CartPole-v1", eval_episodes=10),

@@ -63,6 +63,8 @@ def _ec_options(algorithm: Algorithm, ec: Mapping[str, Any], pop: int, source: s
     ]
     if errors:
         raise ManifestError(errors, source)
+    if not algorithm.distributions:  # pbt: no EC at all
+        return {}
     return algorithm.distribution(ec).options(ec, pop)
 
 
