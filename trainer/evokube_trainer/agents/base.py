@@ -15,7 +15,11 @@ every agent:
   `actor_state_from_params(params)` (wraps a population member for training; `.params` reads
   it back) and `shared_update(critic, actors, step, batches, key)`, one gradient step of the
   critic side and of the K actors (leaves `[K, ...]`) on their K batches. Its metrics include
-  `actor_loss` and `actor_updated` (0/1: whether the actors took a step, TD3 delays them).
+  `actor_loss` and `actor_updated` (0/1: whether the actors took a step, TD3 delays them);
+* K agents with their own hyperparameters (PBT): `hyperparameters` names what may vary per
+  member (with this config's values), `with_hyperparameters(state, values)` writes them into
+  one agent's state (the Adam learning rates live in the optimizer states, see `adam`), and
+  `exploration_scale_of(values)` is the `explore` scale they give.
 
 `ActorCritic` is the structure both agents share: (config, obs_dim, action_dim), twin critics
 (`TwinCritic`), Adam optimizers, the TD loss and `update_many`, the replay scan of `update`.

@@ -279,41 +279,30 @@ def make_workflow(
     steps_per_generation = num_rollouts * env_config.episodes_per_member * episode_length
     num_updates = config.updates_per_generation or steps_per_generation
     learner: IndependentAgents | SharedCritic | PopulationBasedTraining
-    if isinstance(config, PBTConfig):
-        unknown = sorted(set(config.ranges) - set(agent.hyperparameters))
-        if unknown:
-            raise ValueError(
-                f"PBT cannot vary {unknown}; {type(agent).__name__} offers "
-                f"{sorted(agent.hyperparameters)}"
-            )
-        learner = PopulationBasedTraining(
-            members=IndependentAgents(
-                agent=agent,
-                buffer=buffer,
-                flatten=flattener.flatten,
-                num_agents=config.pop_size,
-                num_updates=num_updates,
-                injection_interval=1,
-                learning_starts=learning_starts,
-            ),
-            ranges={
-                name: config.ranges.get(name, (value, value))
-                for name, value in agent.hyperparameters.items()
-            },
-            interval=config.interval,
-            exploit_fraction=config.exploit_fraction,
-            perturb_factors=tuple(config.perturb_factors),
-        )
-    elif isinstance(config, ERLConfig):
+    if isinstance(config, ERLConfig | PBTConfig):
+        if isinstance(config, ERLConfig):
+            num_agents, injection_interval = config.num_agents, config.injection_interval
+        else:  # PBT: every member is an agent, and there is no population to inject into
+            num_agents, injection_interval = config.pop_size, 1
         learner = IndependentAgents(
             agent=agent,
             buffer=buffer,
             flatten=flattener.flatten,
-            num_agents=config.num_agents,
+            num_agents=num_agents,
             num_updates=num_updates,
-            injection_interval=config.injection_interval,
+            injection_interval=injection_interval,
             learning_starts=learning_starts,
         )
+        if isinstance(config, PBTConfig):
+            if layout is not None and config.pop_size % layout.num_devices:
+                raise ValueError(f"PBT's pop_size must divide by the {layout.num_devices} devices")
+            learner = PopulationBasedTraining.searching(
+                learner,
+                config.ranges,
+                interval=config.interval,
+                exploit_fraction=config.exploit_fraction,
+                perturb_factors=tuple(config.perturb_factors),
+            )
     else:
         num_actors = config.pop_size // 2 if config.num_actors is None else config.num_actors
         if not 1 <= num_actors <= config.pop_size:

@@ -72,6 +72,22 @@ class PopulationBasedTraining:
         if not self.perturb_factors or min(self.perturb_factors) <= 0:
             raise ValueError(f"perturb_factors must be positive, got {self.perturb_factors}")
 
+    @classmethod
+    def searching(
+        cls, members: IndependentAgents, ranges: Mapping[str, tuple[float, float]], **settings
+    ) -> PopulationBasedTraining:
+        """PBT over `members` searching `ranges`, any of the agent's hyperparameters; the
+        others keep the agent config's value for every member."""
+        offered = members.agent.hyperparameters
+        unknown = sorted(set(ranges) - set(offered))
+        if unknown:
+            raise ValueError(f"PBT cannot vary {unknown}; the agent offers {sorted(offered)}")
+        full = {}
+        for name, value in offered.items():
+            low, high = ranges.get(name, (value, value))
+            full[name] = (float(low), float(high))
+        return cls(members=members, ranges=full, **settings)
+
     @property
     def num_exploited(self) -> int:
         """Members replaced at each exploit step (and members they copy from)."""
@@ -106,7 +122,7 @@ class PopulationBasedTraining:
         agents, population, metrics = self.members.improve(
             agents, replay, population, key, obs_stats
         )
-        return state.replace(agents=agents), population, metrics
+        return PBTState(agents, state.hyperparameters), population, metrics
 
     def actors(self, state: PBTState) -> tuple[Array, Array]:
         """The members' actors `[K, D]`, each exploring at its own scale `[K]`."""

@@ -273,7 +273,8 @@ class Workflow:
         """The policies worth deploying `[C, D]`: the optimizer's `best` (mean or elite) first,
         then the learner's own actors (ERL's K agents; CEM-RL's trained actors are members
         already). An ERL distribution's mean blends the injected agents with members of other
-        lineages, so its agents may well be the better policy: evaluation decides."""
+        lineages, so its agents may well be the better policy: evaluation decides. Without an
+        optimizer (PBT), the learner's actors alone (`eval/candidate` k: member k)."""
         best = [] if self.optimizer is None else [self.optimizer.best(state.ec)[None]]  # [1, D]
         if self.learner is None:
             return best[0]
