@@ -145,6 +145,13 @@ def test_a_resumed_pbt_run_continues_bitwise(tiny_pbt, tmp_path):
     assert _leaves_equal(fns.evaluate(continued), fns.evaluate(resumed))
 
 
+def test_a_fixed_hyperparameter_may_be_zero():
+    """TD3 without exploration noise: not searched, so 0 is a valid fixed value."""
+    _, fns = _tiny_pbt(dataclasses.replace(SMALL_TD3, exploration_noise=0.0))
+    noise = fns.init(jax.random.PRNGKey(7)).learner.hyperparameters["exploration_noise"]
+    np.testing.assert_array_equal(noise, np.zeros(4))
+
+
 def test_unknown_or_bad_settings_are_refused():
     with pytest.raises(ValueError, match="target_entropy_scale"):
         _tiny_pbt(SMALL_TD3, ranges={"target_entropy_scale": (0.5, 2.0)})

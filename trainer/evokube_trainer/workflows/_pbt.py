@@ -63,7 +63,7 @@ class PopulationBasedTraining:
                 f"{sorted(self.ranges)}"
             )
         for name, (low, high) in self.ranges.items():
-            if not 0 < low <= high:
+            if not (0 < low <= high or 0 <= low == high):  # a fixed value may be 0 (no noise)
                 raise ValueError(f"the range of {name} must have 0 < min <= max, got {low, high}")
         if self.interval < 1:
             raise ValueError(f"interval must be >= 1, got {self.interval}")
@@ -99,6 +99,9 @@ class PopulationBasedTraining:
         k = self.members.num_agents
         hyperparameters = {}
         for index, (name, (low, high)) in enumerate(sorted(self.ranges.items())):
+            if low == high:  # not searched
+                hyperparameters[name] = jnp.full((k,), low, jnp.float32)
+                continue
             log_value = jax.random.uniform(
                 jax.random.fold_in(hyper_key, index),
                 (k,),
