@@ -198,19 +198,21 @@ def pod_index(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: 
 
 # -- what to reconcile -----------------------------------------------------------------------
 def decision_inputs(body: Mapping[str, Any]) -> str:
-    """What of an experiment a reconcile decides on: all but status.progress (which process 0
-    of every gang patches every few seconds, and the operator never reads) and what every
-    write moves (resourceVersion, managedFields)."""
+    """What of an experiment a reconcile decides on: all but status.progress and
+    status.result (which process 0 of every gang patches every few seconds and at each better
+    evaluation, and the operator never reads) and what every write moves (resourceVersion,
+    managedFields)."""
     doc = plain(body)
     for moving in ("resourceVersion", "managedFields"):
         doc.get("metadata", {}).pop(moving, None)
-    doc.get("status", {}).pop("progress", None)
+    for trainers in ("progress", "result"):
+        doc.get("status", {}).pop(trainers, None)
     return json.dumps(doc, sort_keys=True)
 
 
 def wants_reconcile(seen: dict, key: tuple, event_type: str | None, body: Mapping[str, Any]):
     """Whether an experiment's event changes anything a reconcile decides on; remembers what
-    it saw in `seen`. Deletions and the first sight always do; a progress-only patch never."""
+    it saw in `seen`. Deletions and the first sight always do; a trainer's patch never."""
     if event_type == "DELETED":
         seen.pop(key, None)
         return True

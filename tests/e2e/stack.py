@@ -39,6 +39,7 @@ class Stack:
         self.cluster = ControlPlane(self.workdir / "cluster")
         self.runner: PodRunner | None = None
         self.api = None
+        self.claims: dict[str, Path] = {}  # namespace -> the folder behind its checkpoint claim
 
     # -- lifecycle -------------------------------------------------------------------------
     def up(self, log=lambda what: None) -> None:
@@ -127,7 +128,7 @@ class Stack:
             30,
             f"the default ServiceAccount in {name}",
         )
-        self.runner.provision_claim(name, CHECKPOINT_CLAIM)
+        self.claims[name] = self.runner.provision_claim(name, CHECKPOINT_CLAIM)
         return name
 
     def apply(self, namespace: str, document: dict[str, Any] | None = None) -> None:
@@ -145,10 +146,11 @@ class Stack:
     def status(self, namespace: str, name: str) -> dict[str, Any]:
         return self.experiment(namespace, name).get("status") or {}
 
-    def get_row(self, namespace: str, name: str) -> tuple[str, str]:
-        """`kubectl get erlx NAME`: (header, row) with the CRD's printer columns."""
-        out = self.cluster.kubectl("get", "erlx", name, "-n", namespace).stdout.splitlines()
-        return out[0], out[1]
+    def get_row(self, namespace: str, name: str, *flags: str) -> tuple[str, str]:
+        """`kubectl get erlx NAME [flags]`: (header, row) with the CRD's printer columns."""
+        out = self.cluster.kubectl("get", "erlx", name, "-n", namespace, *flags).stdout
+        header, row = out.splitlines()
+        return header, row
 
     # -- pods ------------------------------------------------------------------------------
     def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:

@@ -7,11 +7,14 @@ to Succeeded and checks what it measured; a failing assertion prints the
 scenario's timeline.
 """
 
+import numpy as np
 import pytest
 
+from evokube_trainer.policies import read_policy
 from tests.e2e import scenarios
 from tests.e2e.scenarios import KILL_AT, Report, Timeline, table_columns
 from tests.objectstore.emulators import start_fake_gcs, start_moto
+from tests.trainer.policy_helpers import play
 
 pytestmark = pytest.mark.cluster
 
@@ -54,6 +57,26 @@ def check_progress_rose(report: Report) -> None:
     assert best[-1] >= report.target, report
 
 
+def check_policy(stack, namespace: str, report: Report) -> None:
+    """status.result names the best policy, which `kubectl get erlx -o wide` shows; its
+    folder (in the checkpoint claim) loads with read_policy alone and plays CartPole."""
+    result = report.status["result"]
+    # A real pod reports /checkpoints/policies/best; the pod runner hands the trainer the
+    # claim's folder instead of the mount path /checkpoints (tests/e2e/podrunner.py).
+    assert result["policyURI"] == str(stack.claims[namespace] / "policies" / "best"), report
+    assert 0 < result["generation"] <= report.status["progress"]["generation"], report
+    wide = table_columns(*stack.get_row(namespace, NAME, "-o", "wide"))
+    assert wide["POLICY"] == result["policyURI"], wide
+    assert int(wide["BEST-GENERATION"]) == result["generation"], wide
+    policy = read_policy(result["policyURI"])
+    assert policy.metadata["evalReturn"] == result["bestReturn"], policy.metadata
+    assert policy.metadata["generation"] == result["generation"], policy.metadata
+    returns = play(policy, episodes=8)  # CartPole: 1 per step, at most 200 (episodeLength)
+    assert np.all((returns >= 1) & (returns <= 200)), returns
+    # A random policy scores about 20; the exported one plays like its evaluation did.
+    assert returns.mean() >= result["bestReturn"] / 2, (returns, result)
+
+
 def check_one_job_per_attempt(report: Report, attempts: int) -> None:
     assert report.watcher.jobs.keys() == {f"{NAME}-{a}" for a in range(attempts)}, report
     assert all(len(uids) == 1 for uids in report.watcher.jobs.values()), report.watcher.jobs
@@ -71,6 +94,7 @@ def test_a_killed_trainer_restarts_the_gang_from_its_checkpoint_to_the_target(st
     assert (status["restarts"], status.get("preemptions", 0)) == (1, 0), report
     assert status["jobName"] == f"{NAME}-1"
     check_progress_rose(report)
+    check_policy(stack, e2e_namespace, report)
     check_one_job_per_attempt(report, 2)
     # The SIGKILLed process's pod failed with 137, which the operator retries (counted).
     assert report.endings[_pod(report, 0, 1)] == (137, False), report.endings

@@ -15,7 +15,7 @@ import pytest
 
 from evokube_trainer.runtime import exitcodes, objectstore
 from evokube_trainer.runtime.checkpoints import Checkpointer
-from evokube_trainer.runtime.local import read_history
+from evokube_trainer.runtime.curves import read_history
 from tests.objectstore.emulators import free_port
 from tests.runtime.test_multihost import CEMRL, experiment, start_run
 

@@ -9,6 +9,7 @@ import pytest
 from evokube_operator.spec import parse_spec
 from evokube_trainer.runtime import manifest
 from tests.bad_manifests import BAD_MANIFESTS, GOOD_MANIFESTS, ids, with_changes
+from tests.e2e.scenarios import table_columns
 from tests.operator.conftest import experiment_manifest
 
 pytestmark = pytest.mark.cluster
@@ -170,3 +171,20 @@ def test_short_name_category_and_printer_columns(cluster, crd, namespace):
         assert "cols" in out
     wide = cluster.kubectl("get", "erlx", "-n", namespace, "-o", "wide").stdout.splitlines()[0]
     assert {"PREEMPTIONS", "JOB", "COORDINATOR"} <= set(wide.split())
+
+
+def test_wide_columns_show_the_trainers_result(cluster, crd, namespace):
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(experiment_manifest("best", namespace)))
+    result = {"bestReturn": -151.5, "generation": 12, "policyURI": "s3://b/best/policies/best"}
+    cluster.kubectl(
+        *("patch", "erlx", "best", "-n", namespace, "--subresource=status", "--type=merge"),
+        "-p",
+        json.dumps({"status": {"result": result}}),
+    )
+    out = cluster.kubectl("get", "erlx", "best", "-n", namespace, "-o", "wide").stdout
+    columns = table_columns(*out.splitlines())
+    assert columns["BEST-RETURN"] == "-151.5"
+    assert columns["BEST-GENERATION"] == "12"
+    assert columns["POLICY"] == "s3://b/best/policies/best"
+    narrow = cluster.kubectl("get", "erlx", "best", "-n", namespace).stdout.splitlines()[0]
+    assert "POLICY" not in narrow  # priority 1: -o wide only

@@ -1,4 +1,5 @@
-"""Which experiment events reach the reconciler: not the trainer's progress patches."""
+"""Which experiment events reach the reconciler: not the trainer's progress and result
+patches."""
 
 import copy
 
@@ -8,7 +9,7 @@ from tests.operator.factories import body, running_status
 KEY = ("ns", "demo")
 
 
-def test_progress_patches_and_resource_version_bumps_wake_no_reconcile():
+def test_progress_and_result_patches_and_resource_version_bumps_wake_no_reconcile():
     seen: dict = {}
     exp = body(status=running_status())
     exp["metadata"]["managedFields"] = [{"manager": "evokube-operator"}]
@@ -19,6 +20,8 @@ def test_progress_patches_and_resource_version_bumps_wake_no_reconcile():
     progressed["status"]["progress"] = {"generation": 7, "bestFitness": -150.0}
     progressed["metadata"]["resourceVersion"] = "99"
     progressed["metadata"]["managedFields"].append({"manager": "evokube-trainer"})
+    assert not wants_reconcile(seen, KEY, "MODIFIED", progressed)
+    progressed["status"]["result"] = {"bestReturn": -150.0, "generation": 7, "policyURI": "/p"}
     assert not wants_reconcile(seen, KEY, "MODIFIED", progressed)
 
     for change in (

@@ -241,7 +241,7 @@ def trainer_client(k8s, cluster, namespace, name, pod):
 
 
 @pytest.mark.cluster
-def test_the_trainer_may_write_progress_but_cannot_forge_the_rest_of_status(
+def test_the_trainer_may_write_progress_and_result_but_cannot_forge_the_rest_of_status(
     k8s, cluster, namespace
 ):
     k8s.apply(experiment_manifest("honest", namespace, accelerator={"type": "cpu"}))
@@ -267,14 +267,21 @@ def test_the_trainer_may_write_progress_but_cannot_forge_the_rest_of_status(
             message = json.loads(refused.value.body)["message"]
             assert f"only the evokube operator may change {fields}" in message, message
         patch({"progress": {"generation": 7, "bestFitness": 2.5}})
+        patch({"result": RESULT})
     finally:
         trainer.close()
     after = k8s.status(namespace, "honest")
     assert after["phase"] == "Running" and after.get("restarts", 0) == 0
     assert after["progress"] == {"generation": 7, "bestFitness": 2.5}
-    # The operator's own status writes still go through: a retriable exit, a gang restart.
+    assert after["result"] == RESULT
+    # The operator's own status writes still go through (a retriable exit, a gang restart)
+    # and leave the trainer's fields alone.
     k8s.exit_pod(namespace, host0.metadata.name, 75)
     k8s.wait(lambda: k8s.status(namespace, "honest").get("restarts") == 1, "the restart")
+    assert k8s.status(namespace, "honest")["result"] == RESULT
+
+
+RESULT = {"bestReturn": -150.5, "generation": 6, "policyURI": "/checkpoints/policies/best"}
 
 
 @pytest.mark.cluster

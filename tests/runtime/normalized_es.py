@@ -46,7 +46,7 @@ def main(out: Path) -> None:
     rows = []
     for _ in range(GENERATIONS):
         state, metrics = fns.step(state)
-        metrics = {**jax.device_get(metrics), **jax.device_get(fns.evaluate(state))}
+        metrics = {**jax.device_get(metrics), **jax.device_get(fns.evaluate(state)[0])}
         stats = state.obs_stats
         shards = [
             [np.asarray(shard.data) for shard in leaf.addressable_shards]

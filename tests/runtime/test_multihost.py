@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import evokube_contract as contract
 from evokube_trainer.runtime import exitcodes
-from evokube_trainer.runtime.local import read_history
+from evokube_trainer.runtime.curves import read_history
 from tests.cluster.controlplane import wait_until
 
 REPO = Path(__file__).resolve().parents[2]

@@ -106,3 +106,5 @@ def test_the_trainer_runs_with_a_read_only_root_and_writes_only_its_volumes(tmp_
     written = run.stdout.split("--- written", 1)[1].split()
     assert f"{OUTSIDE}/checkpoints/checkpoints" in written  # Orbax
     assert f"{OUTSIDE}/checkpoints/xla-cache" in written  # the compilation cache
+    assert f"{OUTSIDE}/checkpoints/history.jsonl" in written  # process 0's history
+    assert f"{OUTSIDE}/checkpoints/tensorboard" in written  # and its TensorBoard events

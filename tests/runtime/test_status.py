@@ -1,4 +1,5 @@
-"""The trainer's progress reports reach a real ERLExperiment, with least privilege."""
+"""The trainer's progress and result reports reach a real ERLExperiment, with least
+privilege."""
 
 import logging
 import os
@@ -116,6 +117,46 @@ def test_progress_reaches_the_experiment_with_a_least_privilege_token(
             GROUP, VERSION, namespace, PLURAL, "other", {"status": {"progress": {}}}
         )
     assert refused.value.status == 403
+
+
+def test_the_best_policy_reaches_status_result_beside_progress(
+    cluster, api, namespace, trainer_token
+):
+    custom = client.CustomObjectsApi(api)
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, "mine", {"status": {"phase": "Running"}}
+    )
+    reporter = StatusReporter(
+        "mine",
+        namespace,
+        min_interval_s=0.2,
+        api_client_factory=lambda: cluster.api_client(trainer_token),
+    )
+    first = {"bestReturn": -900.25, "generation": 2, "policyURI": "gs://b/x/policies/best"}
+    reporter.report(generation=2, envSteps=800)
+    reporter.report_result(**first)  # one patch carries both
+    wait_until(lambda: progress_of(api, namespace, "mine"), 10, "the first patch")
+    reporter.report(generation=3, envSteps=1200)  # progress alone: result stays
+    reporter.close()
+    status = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "mine")[
+        "status"
+    ]
+    assert status["result"] == first
+    assert status["progress"]["generation"] == 3 and status["phase"] == "Running"
+
+    better = {"bestReturn": -150.0, "generation": 9, "policyURI": "gs://b/x/policies/best"}
+    reporter = StatusReporter(
+        "mine",
+        namespace,
+        min_interval_s=0.2,
+        api_client_factory=lambda: cluster.api_client(trainer_token),
+    )
+    reporter.report_result(**better)
+    reporter.close()
+    status = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "mine")[
+        "status"
+    ]
+    assert status["result"] == better and status["progress"]["generation"] == 3
 
 
 def test_reports_are_rate_limited_and_failures_never_raise(

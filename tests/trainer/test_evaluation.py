@@ -49,10 +49,11 @@ def test_evaluation_reports_the_candidate_with_the_best_mean_return():
         )
     )
     state = jax.jit(workflow.init)(jax.random.PRNGKey(1))
-    metrics = jax.jit(workflow.evaluate)(state)
+    metrics, policy = jax.jit(workflow.evaluate)(state)
     key = jax.random.fold_in(state.key, 0x5EED)
     candidates = workflow.candidates(state)
     result = workflow.evaluator.run(candidates, jnp.zeros((3,)), key)
     means = jnp.mean(result.episode_returns, axis=1)  # [C]
     assert int(metrics["eval/candidate"]) == int(jnp.argmax(means))
     assert float(metrics["eval/return_mean"]) == pytest.approx(float(jnp.max(means)), rel=1e-6)
+    assert jnp.array_equal(policy, candidates[jnp.argmax(means)])  # what an export holds

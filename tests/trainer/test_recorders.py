@@ -117,19 +117,29 @@ def test_bucket_recorder_logs_storage_errors_and_never_raises(caplog):
 
 
 def test_history_goes_beside_the_checkpoints_and_to_evokube_history(tmp_path):
-    from evokube_trainer.recorders import BucketJsonLinesRecorder, JsonLinesRecorder
+    from evokube_trainer.recorders import (
+        BucketJsonLinesRecorder,
+        JsonLinesRecorder,
+        TensorBoardRecorder,
+    )
     from evokube_trainer.runtime.entrypoint import history_recorders
 
-    (cluster,) = history_recorders("gs://bucket/ns/exp/")
+    cluster, board = history_recorders("gs://bucket/ns/exp/")
     assert isinstance(cluster, BucketJsonLinesRecorder)
     assert cluster.url == "gs://bucket/ns/exp/history.jsonl"
+    assert isinstance(board, TensorBoardRecorder)
+    assert board.location == "gs://bucket/ns/exp/tensorboard"
+    board.close()  # wrote nothing: uploads nothing
     assert history_recorders(None) == []
 
     extra = str(tmp_path / "history.jsonl")  # EVOKUBE_HISTORY
-    (same,) = history_recorders(str(tmp_path), extra)  # a local run: one file, not two
+    same, board = history_recorders(str(tmp_path), extra)  # a local run: one file, not two
     assert isinstance(same, JsonLinesRecorder) and same.path == str(tmp_path / "history.jsonl")
+    assert board.location == str(tmp_path / "tensorboard")
     same.close()
-    bucket, local = history_recorders("s3://bucket/exp", extra)
+    board.close()
+    bucket, local, board = history_recorders("s3://bucket/exp", extra)
     assert bucket.url == "s3://bucket/exp/history.jsonl"
     assert local.path == str(tmp_path / "history.jsonl")
     local.close()
+    board.close()

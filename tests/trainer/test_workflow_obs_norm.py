@@ -241,5 +241,5 @@ def test_openes_with_normalized_observations_learns_pendulum():
         eval_every=0,
         jitted=fns,
     )
-    evaluation = fns.evaluate(state.replace(key=jax.random.PRNGKey(999)))
+    evaluation, _ = fns.evaluate(state.replace(key=jax.random.PRNGKey(999)))
     assert float(evaluation["eval/return_mean"]) > -450

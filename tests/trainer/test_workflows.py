@@ -433,7 +433,7 @@ LEARNING_REPLAY = ReplayConfig(capacity=100_000, batch_size=128, warmup_steps=20
 
 def _final_eval(workflow, fns, state, seed=123):
     """Evaluation on fresh episodes (a key the run never used)."""
-    metrics = fns.evaluate(state.replace(key=jax.random.PRNGKey(seed)))
+    metrics, _ = fns.evaluate(state.replace(key=jax.random.PRNGKey(seed)))
     return float(metrics["eval/return_mean"])
 
 

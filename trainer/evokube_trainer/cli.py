@@ -2,6 +2,7 @@
 
 evokube validate FILE...             every error with its field path; exit 78 if any
 evokube run FILE [--processes N]     train here, N local processes wired like pods
+evokube curve NAME|FOLDER|URL        the learning-curve PNG of any run's history.jsonl
 """
 
 from __future__ import annotations
@@ -58,6 +59,32 @@ def run(args: argparse.Namespace) -> int:
     return run_locally(loaded, processes=processes, runs_root=Path(args.runs_dir))
 
 
+def curve(args: argparse.Namespace) -> int:
+    from evokube_trainer.runtime.curves import CurveError, draw
+
+    try:
+        png, generations = draw(args.target, args.output, args.namespace)
+    except CurveError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return exitcodes.PERMANENT
+    print(f"{png}: {generations} generations")
+    return exitcodes.SUCCESS
+
+
+def add_curve_command(commands) -> None:
+    plot = commands.add_parser("curve", help="draw a run's learning curve (PNG)")
+    plot.add_argument(
+        "target",
+        help="an ERLExperiment's name (through the kubeconfig), a run folder or history.jsonl, "
+        "or a bucket URL (checkpoint location or history.jsonl)",
+    )
+    plot.add_argument(
+        "-o", "--output", type=Path, help="the PNG (default: <name>-learning-curve.png)"
+    )
+    plot.add_argument("--namespace", help="the experiment's namespace (default: the context's)")
+    plot.set_defaults(func=curve)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="evokube", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -76,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     train.add_argument("--runs-dir", default="runs", help="where runs/<name>/ goes")
     train.set_defaults(func=run)
+    add_curve_command(commands)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -14,8 +14,11 @@ import json
 import logging
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import IO, Any, Protocol, runtime_checkable
 
@@ -26,7 +29,10 @@ __all__ = [
     "MemoryRecorder",
     "Recorder",
     "RecorderBase",
+    "TensorBoardRecorder",
+    "WandbRecorder",
     "history_recorder",
+    "wandb_recorders",
 ]
 
 _log = logging.getLogger(__name__)
@@ -157,6 +163,152 @@ def history_recorder(location: str) -> RecorderBase:
     if "://" in location:
         return BucketJsonLinesRecorder(location)
     return JsonLinesRecorder(location)
+
+
+def _scalars(metrics: Metrics) -> dict[str, float]:
+    """The metrics that are numbers, as floats (NaN and infinities kept); others are skipped."""
+    values = {}
+    for name, value in metrics.items():
+        if hasattr(value, "item"):  # NumPy / JAX scalars
+            value = value.item()
+        if isinstance(value, bool | int | float):
+            values[name] = float(value)
+    return values
+
+
+class TensorBoardRecorder(RecorderBase):
+    """TensorBoard event files in `location` (a folder, or a bucket URL for fsspec): one scalar
+    per metric, step = generation, wall time real.
+
+    Every life of a run (a restarted pod, a rerun) starts a new event file, named uniquely,
+    with a SessionLog START at its first generation: TensorBoard reads every file of the
+    folder, and a resumed run's generations replace those the earlier life wrote after the
+    checkpoint. Events are written and flushed synchronously,
+    one per generation (tensorboardX's SummaryWriter queues them for a thread that its
+    `flush` does not wait for). In a bucket, the file is written in a local temporary folder
+    and uploaded whole at most every `upload_every_s` seconds and at close; like
+    BucketJsonLinesRecorder, a storage error is logged and retried, never raised.
+    """
+
+    def __init__(self, location: str, upload_every_s: float = 10.0):
+        from tensorboardX.event_file_writer import EventsWriter  # imports protobuf: on demand
+
+        self.location = location.rstrip("/")
+        self.upload_every_s = upload_every_s
+        self._bucket = "://" in location
+        self._folder = tempfile.mkdtemp(prefix="evokube-tb-") if self._bucket else self.location
+        os.makedirs(self._folder, exist_ok=True)
+        # A restart within the same second on the same host must not reuse the file's name.
+        suffix = f".{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        self._writer: Any = EventsWriter(os.path.join(self._folder, "events"), suffix)
+        self._started = False
+        self._uploaded_at = -math.inf
+        self._dirty = False
+
+    def write(self, generation: int, metrics: Metrics) -> None:
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        if self._writer is None:
+            raise ValueError(f"recorder for {self.location} is closed")
+        if not self._started:  # TensorBoard then drops earlier lives' points from here on
+            start = SessionLog(status=SessionLog.START)
+            self._writer.write_event(
+                Event(wall_time=time.time(), step=int(generation), session_log=start)
+            )
+            self._started = True
+        # Summary values built directly: tensorboardX's `scalar` would log a warning for
+        # every NaN (an evaluation return before the first evaluation), every generation.
+        values = [Summary.Value(tag=k, simple_value=v) for k, v in _scalars(metrics).items()]
+        event = Event(wall_time=time.time(), step=int(generation), summary=Summary(value=values))
+        self._writer.write_event(event)
+        self._writer.flush()
+        self._dirty = True
+        if self._bucket and time.monotonic() - self._uploaded_at >= self.upload_every_s:
+            self._upload()
+
+    def close(self) -> None:
+        if self._writer is None:
+            return
+        self._writer.close()
+        self._writer = None
+        if self._bucket:
+            if self._dirty:
+                self._upload()
+            shutil.rmtree(self._folder, ignore_errors=True)
+
+    def _upload(self) -> None:
+        import fsspec
+
+        try:
+            fs, root = fsspec.core.url_to_fs(self.location)
+            for name in os.listdir(self._folder):
+                fs.put_file(os.path.join(self._folder, name), f"{root}/{name}")
+        except Exception as err:  # any storage error: training goes on
+            _log.warning("could not upload to %s (retried later): %s", self.location, err)
+            return
+        self._uploaded_at = time.monotonic()
+        self._dirty = False
+
+
+class WandbRecorder(RecorderBase):
+    """Each generation's scalars to a Weights & Biases run, step = generation.
+
+    The run's id is the experiment's namespace and name, so a restarted pod continues the
+    same run (`resume="allow"`). W&B is secondary to training: an error is logged, never
+    raised. Build it through `wandb_recorders`, which decides whether W&B is on at all.
+    """
+
+    def __init__(self, run: Any):
+        self._run = run
+
+    def write(self, generation: int, metrics: Metrics) -> None:
+        if self._run is None:
+            raise ValueError("the W&B recorder is closed")
+        try:
+            self._run.log(_scalars(metrics), step=int(generation))
+        except Exception as err:
+            _log.warning("could not log generation %d to W&B: %s", generation, err)
+
+    def close(self) -> None:
+        if self._run is None:
+            return
+        try:
+            self._run.finish()
+        except Exception as err:
+            _log.warning("could not finish the W&B run: %s", err)
+        self._run = None
+
+
+def wandb_recorders(name: str, namespace: str, folder: str | None = None) -> list[RecorderBase]:
+    """[a WandbRecorder] when WANDB_API_KEY is set, else []: W&B is never required.
+
+    The project is WANDB_PROJECT, else "evokube". W&B's local files go to WANDB_DIR if set,
+    else `folder`, else the temporary folder (a pod's root filesystem is read-only). Without
+    the optional `wandb` package (`evokube[wandb]`), or when the run cannot start, one
+    warning is logged and training goes on without it.
+    """
+    if not os.environ.get("WANDB_API_KEY"):
+        return []
+    try:
+        import wandb
+    except ImportError:
+        _log.warning(
+            "WANDB_API_KEY is set but wandb is not installed (evokube[wandb]): not logging to W&B"
+        )
+        return []
+    try:
+        run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "evokube"),
+            id=f"{namespace}-{name}",
+            name=f"{namespace}/{name}",
+            resume="allow",
+            dir=None if os.environ.get("WANDB_DIR") else folder or tempfile.gettempdir(),
+        )
+    except Exception as err:
+        _log.warning("could not start the W&B run (training goes on without it): %s", err)
+        return []
+    return [WandbRecorder(run)]
 
 
 DEFAULT_CONSOLE_KEYS = (

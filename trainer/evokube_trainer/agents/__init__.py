@@ -1,7 +1,14 @@
 """Networks and the RL agents (TD3, SAC) used by the ERL workflows."""
 
 from evokube_trainer.agents.base import Agent, soft_update
-from evokube_trainer.agents.networks import MLP, Actor, GaussianActor, ParamFlattener, TwinCritic
+from evokube_trainer.agents.networks import (
+    MLP,
+    Actor,
+    GaussianActor,
+    ParamFlattener,
+    TwinCritic,
+    deterministic_policy,
+)
 from evokube_trainer.agents.sac import SAC, SACActorState, SACConfig, SACState, SoftCriticState
 from evokube_trainer.agents.td3 import (
     TD3,
@@ -30,5 +37,6 @@ __all__ = [
     "TD3State",
     "Transition",
     "TwinCritic",
+    "deterministic_policy",
     "soft_update",
 ]

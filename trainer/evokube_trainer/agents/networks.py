@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import flax.linen as nn
 import jax
@@ -24,6 +24,7 @@ __all__ = [
     "GaussianActor",
     "ParamFlattener",
     "TwinCritic",
+    "deterministic_policy",
 ]
 
 Array = jax.Array
@@ -85,6 +86,15 @@ class GaussianActor(nn.Module):
         log_std = jnp.tanh(nn.Dense(self.action_dim, name="log_std")(x))  # [-1, 1]
         log_std = self.log_std_min + 0.5 * (self.log_std_max - self.log_std_min) * (log_std + 1.0)
         return mean, log_std
+
+
+def deterministic_policy(network: Actor | GaussianActor, params: Params, obs: Array) -> Array:
+    """The action a deployed actor takes for obs `[..., obs_dim]`: an `Actor`'s output, or
+    `tanh(mean)` of a `GaussianActor`. Training's evaluation and exported policies share it."""
+    if isinstance(network, GaussianActor):
+        mean, _ = network.apply(params, obs)
+        return jnp.tanh(mean)
+    return cast(Array, network.apply(params, obs))
 
 
 class TwinCritic(nn.Module):

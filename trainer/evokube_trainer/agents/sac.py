@@ -53,7 +53,7 @@ import optax
 from flax import struct
 
 from evokube_trainer.agents.base import ActorCritic, apply_gradients, soft_update
-from evokube_trainer.agents.networks import GaussianActor
+from evokube_trainer.agents.networks import GaussianActor, deterministic_policy
 from evokube_trainer.replay import Transition
 
 __all__ = ["SAC", "SACActorState", "SACConfig", "SACState", "SoftCriticState"]
@@ -186,8 +186,7 @@ class SAC(ActorCritic):
 
     def policy(self, actor_params: Params, obs: Array) -> Array:
         """Deterministic action `tanh(mean)` `[..., action_dim]` in [-1, 1]."""
-        mean, _ = self.distribution(actor_params, obs)
-        return jnp.tanh(mean)
+        return deterministic_policy(self.actor_network, actor_params, obs)
 
     def sample(self, actor_params: Params, obs: Array, key: Array) -> tuple[Array, Array]:
         """A reparameterized action `[..., action_dim]` in (-1, 1) and its log pi `[...]`."""

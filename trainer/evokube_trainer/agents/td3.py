@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -54,7 +54,7 @@ import optax
 from flax import struct
 
 from evokube_trainer.agents.base import ActorCritic, additive_noise, apply_gradients, soft_update
-from evokube_trainer.agents.networks import Actor
+from evokube_trainer.agents.networks import Actor, deterministic_policy
 from evokube_trainer.replay import Transition
 
 __all__ = [
@@ -162,7 +162,7 @@ class TD3(ActorCritic):
 
     def policy(self, actor_params: Params, obs: Array) -> Array:
         """Deterministic action `[..., action_dim]` in [-1, 1]."""
-        return cast(Array, self.actor_network.apply(actor_params, obs))
+        return deterministic_policy(self.actor_network, actor_params, obs)
 
     @property
     def exploration_scale(self) -> float:

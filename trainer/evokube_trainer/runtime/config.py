@@ -131,6 +131,38 @@ def to_run_config(manifest: Mapping[str, Any]) -> RunConfig:
         raise ManifestError([error], manifest["metadata"]["name"]) from err
 
 
+def to_env_config(
+    environment: Mapping[str, Any], *, eval_episodes: int, normalize_observations: bool
+) -> EnvConfig:
+    """A defaulted `spec.environment` as the trainer runs it (exported policies rebuild their
+    env with it). `normalize_observations`: the field, or the algorithm's default when unset."""
+    return EnvConfig(
+        name=environment["name"],
+        episode_length=environment.get("episodeLength"),
+        episodes_per_member=environment["episodesPerEvaluation"],
+        eval_episodes=eval_episodes,
+        action_repeat=environment["actionRepeat"],
+        reward_scale=float(environment["rewardScale"]),
+        backend=environment.get("backend"),
+        normalize_observations=normalize_observations,
+    )
+
+
+def to_environment_spec(env: EnvConfig) -> dict[str, Any]:
+    """The inverse of `to_env_config`: `spec.environment` as the trainer ran it (exported
+    policies record it), with `normalizeObservations` resolved."""
+    spec = {
+        "name": env.name,
+        "episodeLength": env.episode_length,
+        "episodesPerEvaluation": env.episodes_per_member,
+        "actionRepeat": env.action_repeat,
+        "rewardScale": env.reward_scale,
+        "backend": env.backend,
+        "normalizeObservations": env.normalize_observations,
+    }
+    return {field: value for field, value in spec.items() if value is not None}
+
+
 def _run_config(manifest: Mapping[str, Any]) -> RunConfig:
     spec = manifest["spec"]
     algorithm, env, pop = spec["algorithm"], spec["environment"], spec["population"]["size"]
@@ -141,14 +173,9 @@ def _run_config(manifest: Mapping[str, Any]) -> RunConfig:
         optimizer = entry.distribution(ec).optimizer
         make_optimizer(optimizer, pop, 1, options)  # raises now what it would raise in training
 
-    env_config = EnvConfig(
-        name=env["name"],
-        episode_length=env.get("episodeLength"),
-        episodes_per_member=env["episodesPerEvaluation"],
+    env_config = to_env_config(
+        env,
         eval_episodes=spec["evaluation"]["episodes"],
-        action_repeat=env["actionRepeat"],
-        reward_scale=float(env["rewardScale"]),
-        backend=env.get("backend"),
         normalize_observations=env.get("normalizeObservations", entry.normalize_observations),
     )
     hidden = spec["policy"]["hiddenLayers"]

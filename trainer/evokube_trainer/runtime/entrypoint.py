@@ -4,9 +4,10 @@ Inputs come from the environment (docs/architecture.md, read by `inputs.Inputs`)
 EVOKUBE_MANIFEST, JAX_* for the process group, EVOKUBE_CHECKPOINT_DIR,
 EVOKUBE_METRICS_PORT, EVOKUBE_REPORT_STATUS, and EVOKUBE_HISTORY (a second
 JSON-lines file for each generation's metrics; the first is history.jsonl
-beside the checkpoints); everything else, the experiment's name and namespace
-too, from the manifest. The exit code tells the operator what to do next:
-0 done, 75 restart from checkpoint, 78 give up.
+beside the checkpoints, next to TensorBoard's tensorboard/); WANDB_API_KEY, if
+the pod has it, turns on the optional W&B run; everything else, the
+experiment's name and namespace too, from the manifest. The exit code tells
+the operator what to do next: 0 done, 75 restart from checkpoint, 78 give up.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import sys
 import tempfile
 
-from evokube_contract import HISTORY_FILE
+from evokube_contract import HISTORY_FILE, TENSORBOARD_SUBDIR
 from evokube_trainer.runtime import exitcodes
 
 
@@ -90,7 +91,10 @@ def _run(log: logging.Logger) -> int:
     reporter = None
     if inputs.report_status and inputs.process_id == 0:
         reporter = StatusReporter(config.name, config.namespace)
-    histories = history_recorders(checkpoint_dir, inputs.history) if inputs.process_id == 0 else []
+    histories = []
+    if inputs.process_id == 0:
+        histories = history_recorders(checkpoint_dir, inputs.history)
+        histories += _wandb_recorders(config.name, config.namespace, checkpoint_dir)
     flags = StopFlags()
     flags.install()
     try:
@@ -110,17 +114,32 @@ def _run(log: logging.Logger) -> int:
 
 
 def history_recorders(checkpoint_dir: str | None, extra: str | None = None) -> list:
-    """Where process 0 writes history.jsonl: beside the checkpoints (so a cluster run's curve
-    outlives its pods, in a bucket too), and at `extra` (EVOKUBE_HISTORY) when that is elsewhere
-    (`evokube run` follows that file to print progress)."""
-    from evokube_trainer.recorders import history_recorder
+    """Where process 0 writes its history: history.jsonl and TensorBoard event files beside the
+    checkpoints (so a cluster run's curve outlives its pods, in a bucket too, and
+    `tensorboard --logdir <location>/tensorboard` shows it), and history.jsonl at `extra`
+    (EVOKUBE_HISTORY) when that is elsewhere (`evokube run` follows that file to print
+    progress)."""
+    from evokube_trainer.recorders import TensorBoardRecorder, history_recorder
 
     locations = []
     if checkpoint_dir:
         locations.append(checkpoint_dir.rstrip("/") + "/" + HISTORY_FILE)
     if extra and os.path.abspath(extra) not in map(os.path.abspath, locations):
         locations.append(extra)
-    return [history_recorder(location) for location in locations]
+    recorders = [history_recorder(location) for location in locations]
+    if checkpoint_dir:
+        recorders.append(TensorBoardRecorder(checkpoint_dir.rstrip("/") + "/" + TENSORBOARD_SUBDIR))
+    return recorders
+
+
+def _wandb_recorders(name: str, namespace: str, checkpoint_dir: str | None) -> list:
+    """The optional W&B run (on when WANDB_API_KEY is in the pod's environment); its local
+    files go beside a local checkpoint folder, else to the scratch folder."""
+    from evokube_trainer.recorders import wandb_recorders
+    from evokube_trainer.runtime.objectstore import is_url
+
+    local = checkpoint_dir if checkpoint_dir and not is_url(checkpoint_dir) else None
+    return wandb_recorders(name, namespace, local)
 
 
 # A checkpoint directory failing with these will fail the same way after a restart.

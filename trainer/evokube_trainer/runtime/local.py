@@ -4,8 +4,10 @@ Each process gets exactly the environment the operator gives a pod
 (JAX_COORDINATOR_ADDRESS on 127.0.0.1, JAX_NUM_PROCESSES, JAX_PROCESS_ID,
 EVOKUBE_CHECKPOINT_DIR, ...), so a laptop run exercises the multi-host code
 path. Everything lands under runs/<name>/: logs, checkpoints, history.jsonl,
-history.csv and learning-curve.png. Rerunning resumes from the newest
-checkpoint.
+TensorBoard's tensorboard/, history.csv, learning-curve.png and the exported
+policies (policies/best/ and policies/generation-<N>/, as beside a cluster run's
+checkpoints). Rerunning
+resumes from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import yaml
 
 import evokube_contract as contract
 from evokube_trainer.runtime import exitcodes
+from evokube_trainer.runtime.curves import plot_learning_curve, read_history
 from evokube_trainer.runtime.objectstore import is_url
 
 # After SIGTERM, how long processes get to checkpoint before SIGKILL, unless the spec's
@@ -50,6 +53,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def checkpoint_dir(manifest: Mapping[str, Any], run_dir: Path) -> str:
+    """Where a local run's checkpoints, XLA cache and policies go. A bucket location is
+    honoured; a path is not: everything of a local run stays in its run folder."""
+    location = (manifest["spec"].get("checkpoint") or {}).get("location") or ""
+    return location if is_url(location) else str(run_dir)
+
+
+def best_policy(location: str) -> str | None:
+    """'<folder> (evaluation return R at generation N)' for the best policy the run at
+    `location` exported, or None when there is none (or it cannot be read)."""
+    import fsspec
+
+    from evokube_trainer.policies import BEST, METADATA_FILE
+
+    folder = f"{location.rstrip('/')}/{contract.POLICIES_SUBDIR}/{BEST}"
+    try:
+        fs, path = fsspec.core.url_to_fs(folder)
+        metadata = json.loads(fs.cat_file(f"{path}/{METADATA_FILE}"))
+    except OSError:
+        return None
+    score, generation = metadata["evalReturn"], metadata["generation"]
+    return f"{folder} (evaluation return {score:.6g} at generation {generation})"
+
+
 def process_env(
     manifest: Mapping[str, Any],
     run_dir: Path,
@@ -61,13 +88,10 @@ def process_env(
     """The environment of local process `process_id`: what the operator sets in a pod (the
     experiment's name and namespace are the manifest's, as in a pod)."""
     spec = manifest["spec"]
-    location = (spec.get("checkpoint") or {}).get("location") or ""
     env = {
         **os.environ,
         contract.ENV_MANIFEST: str(run_dir / "experiment.yaml"),
-        # A bucket location is honoured (checkpoints and XLA cache there); a path is not:
-        # everything of a local run stays in its run folder.
-        contract.ENV_CHECKPOINT_DIR: location if is_url(location) else str(run_dir),
+        contract.ENV_CHECKPOINT_DIR: checkpoint_dir(manifest, run_dir),
         contract.ENV_METRICS_PORT: str(metrics_port),
         contract.ENV_HISTORY: str(run_dir / contract.HISTORY_FILE),
         "PYTHONUNBUFFERED": "1",
@@ -130,16 +154,6 @@ class Progress:
         )
 
 
-def read_history(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = {}
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        rows[int(record["generation"])] = record["metrics"]  # a resumed run rewrites gens
-    return [{"generation": g, **rows[g]} for g in sorted(rows)]
-
-
 def write_reports(run_dir: Path) -> list[Path]:
     """history.csv and learning-curve.png from history.jsonl."""
     rows = read_history(run_dir / "history.jsonl")
@@ -151,36 +165,7 @@ def write_reports(run_dir: Path) -> list[Path]:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-    gens = [r["generation"] for r in rows]
-    for key, label in (
-        ("ec/fitness_max", "best fitness"),
-        ("ec/fitness_mean", "mean fitness"),
-        ("eval/return_mean", "evaluation return"),
-    ):
-        points = [
-            (g, r[key])
-            for g, r in zip(gens, rows, strict=True)
-            if isinstance(r.get(key), int | float)
-        ]
-        if points:
-            ax.plot(*zip(*points, strict=True), label=label)
-    ax.set_xlabel("generation")
-    ax.set_ylabel("return")
-    ax.set_title(run_dir.name)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    png_path = run_dir / "learning-curve.png"
-    fig.tight_layout()
-    fig.savefig(png_path)
-    plt.close(fig)
-    return [csv_path, png_path]
+    return [csv_path, plot_learning_curve(rows, run_dir.name, run_dir / "learning-curve.png")]
 
 
 def _stop(procs: list[subprocess.Popen], grace_s: float = GRACE_S) -> None:
@@ -221,6 +206,9 @@ def run_locally(
         file=out,
     )
     print(f"  run folder: {run_dir}", file=out)
+    location = (spec.get("checkpoint") or {}).get("location") or ""
+    board = f"{location if is_url(location) else run_dir}/{contract.TENSORBOARD_SUBDIR}"
+    print(f"  curves:     tensorboard --logdir {board}", file=out)
     print(
         "  metrics:    " + ", ".join(f"http://127.0.0.1:{p}/metrics" for p in metrics_ports),
         file=out,
@@ -270,6 +258,9 @@ def run_locally(
     reports = write_reports(run_dir)
     if all(code == 0 for code in codes):
         print(f"done. {', '.join(str(p) for p in reports)}", file=out)
+        best = best_policy(checkpoint_dir(manifest, run_dir))
+        if best is not None:
+            print(f"best policy: {best}", file=out)
         return exitcodes.SUCCESS
     worst = next(c for c in codes if c != 0)
     failed_id = codes.index(worst)

@@ -1,6 +1,7 @@
-"""Report training progress into the ERLExperiment's `status.progress`.
+"""Report training progress into the ERLExperiment's `status.progress`, and the best exported
+policy into `status.result`.
 
-Only process 0 reports, and only this one field: the operator owns the rest
+Only process 0 reports, and only these two fields: the operator owns the rest
 of the status (docs/architecture.md), and the chart's admission policy refuses
 anything else from the trainer (docs/security.md). Only host 0's pod gets an
 API token at all; without one (the policy that mounts it is not installed)
@@ -42,7 +43,7 @@ def default_api_client():
 
 
 class StatusReporter:
-    """Rate-limited, fire-and-forget merge patches of status.progress."""
+    """Rate-limited, fire-and-forget merge patches of status.progress and status.result."""
 
     def __init__(
         self,
@@ -58,7 +59,7 @@ class StatusReporter:
         self.timeout_s = timeout_s
         self._factory = api_client_factory
         self._api: Any = None  # a CustomObjectsApi, made on first use
-        self._pending: dict | None = None
+        self._pending: dict | None = None  # status fields to send: progress, result
         self._wake = threading.Condition()
         self._closed = False
         self.patches_sent = 0
@@ -69,8 +70,18 @@ class StatusReporter:
 
     def report(self, **progress: Any) -> None:
         """Queue the newest progress (generation, envSteps, bestFitness, ...)."""
+        progress = {k: v for k, v in progress.items() if v is not None}
+        self._queue("progress", {**progress, "updatedAt": _now()})
+
+    def report_result(self, *, bestReturn: float, generation: int, policyURI: str) -> None:
+        """Queue the best exported policy: its evaluation return, generation and URI."""
+        self._queue(
+            "result", {"bestReturn": bestReturn, "generation": generation, "policyURI": policyURI}
+        )
+
+    def _queue(self, field: str, value: dict) -> None:
         with self._wake:
-            self._pending = {k: v for k, v in progress.items() if v is not None}
+            self._pending = {**(self._pending or {}), field: value}
             self._wake.notify()
 
     def close(self, flush_timeout_s: float = 10.0) -> None:
@@ -90,27 +101,20 @@ class StatusReporter:
                     self._wake.wait(
                         None if self._pending is None else next_allowed - time.monotonic()
                     )
-                progress, self._pending = self._pending, None
+                fields, self._pending = self._pending, None
                 closing = self._closed
-            if progress is not None and not self._send(progress):
-                with self._wake:  # retry it later, unless something newer came meanwhile
-                    self._pending = self._pending or progress
+            if fields is not None and not self._send(fields):
+                with self._wake:  # retry it later, each field unless a newer one came meanwhile
+                    self._pending = {**fields, **(self._pending or {})}
             next_allowed = time.monotonic() + self.min_interval_s
             if closing:
                 return
 
-    def _send(self, progress: dict) -> bool:
-        """True when done with `progress`: sent, or dropped for want of credentials."""
+    def _send(self, fields: dict) -> bool:
+        """True when done with `fields`: sent, or dropped for want of credentials."""
         if self.disabled:
             return True
-        body = {
-            "status": {
-                "progress": {
-                    **progress,
-                    "updatedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                }
-            }
-        }
+        body = {"status": fields}
         try:
             from kubernetes import client
 
@@ -140,3 +144,7 @@ class StatusReporter:
             self.failures += 1
             log.warning("could not report progress to %s/%s: %s", self.namespace, self.name, err)
             return False
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -29,13 +29,16 @@ from dataclasses import dataclass, field
 import jax
 import numpy as np
 
-from evokube_contract import CHECKPOINTS_SUBDIR, XLA_CACHE_SUBDIR
+from evokube_contract import CHECKPOINTS_SUBDIR, POLICIES_SUBDIR, XLA_CACHE_SUBDIR
+from evokube_trainer import __version__
+from evokube_trainer.policies import PolicyExporter, network_config
 from evokube_trainer.recorders import Recorder
 from evokube_trainer.runtime import exitcodes, objectstore
 from evokube_trainer.runtime.checkpoints import Checkpointer, enable_compilation_cache
-from evokube_trainer.runtime.config import PBT_HYPERPARAMETERS, RunConfig
+from evokube_trainer.runtime.config import PBT_HYPERPARAMETERS, RunConfig, to_environment_spec
 from evokube_trainer.runtime.metrics import TrainerMetrics
 from evokube_trainer.runtime.status import StatusReporter
+from evokube_trainer.workflows import actor_network
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +122,7 @@ class _Generations:
     reporter: StatusReporter | None
     flags: StopFlags
     env_steps: int
+    exporter: PolicyExporter | None = None  # process 0 with a checkpoint location
     layout: Mapping[str, object] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     code: int = CONTINUE
@@ -131,6 +135,15 @@ class _Generations:
     long_generations: bool = False
     last_generation_at: float | None = None  # when the previous generation ended, this life
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def on_evaluation(self, state, policy, host: Mapping[str, float]) -> None:
+        """Exports the evaluated policy (process 0; every process ran the evaluation)."""
+        if self.exporter is None:
+            return
+        with self.lock:  # a SIGTERM now waits for this export
+            self.exporter.export(
+                int(host["generation"]), policy, state.obs_stats, host["eval/return_mean"]
+            )
 
     def on_generation(self, state, host: Mapping[str, float]) -> None:
         with self.lock:  # a SIGTERM now waits for this generation's checkpoint
@@ -172,6 +185,9 @@ class _Generations:
             self.metrics.record_checkpoint(time.time())
         if self.reporter is not None and jax.process_index() == 0:
             self.reporter.report(**_progress(host, self.checkpointer))
+            result = self.exporter.result() if self.exporter else None
+            if result is not None:
+                self.reporter.report_result(**result)
 
     def stop(self, _host: Mapping[str, float]) -> bool:
         return self.code != CONTINUE
@@ -247,7 +263,12 @@ def train(
     ):
         return Outcome(exitcodes.SUCCESS, generation, "the checkpoint already met the criteria")
     flags = flags or StopFlags()
-    loop = _Generations(config, metrics, checkpointer, status_reporter, flags, env_steps, record)
+    exporter = None
+    if checkpoint_dir and jax.process_index() == 0:
+        exporter = _policy_exporter(config, workflow, checkpoint_dir)
+    loop = _Generations(
+        config, metrics, checkpointer, status_reporter, flags, env_steps, exporter, record
+    )
     flags.during_generation = loop.exit_now_if_saved
     try:
         workflow.learn(
@@ -255,6 +276,7 @@ def train(
             stop=loop.stop,
             recorders=recorders,
             on_generation=loop.on_generation,
+            on_evaluation=loop.on_evaluation,
             eval_every=config.eval_interval,
             jitted=fns,
         )
@@ -265,6 +287,27 @@ def train(
             status_reporter.close()
     code = exitcodes.RETRIABLE if loop.code == STOP_PREEMPTED else exitcodes.SUCCESS
     return Outcome(code, loop.generation, loop.reason)
+
+
+def _policy_exporter(config: RunConfig, workflow, checkpoint_dir: str) -> PolicyExporter:
+    """Process 0's exporter of evaluated policies to `<checkpoint dir>/policies`."""
+    env = workflow.env
+    run = config.workflow
+    metadata = {
+        "experiment": {"name": config.name, "namespace": config.namespace},
+        "algorithm": config.spec.get("algorithm", {}).get("name", type(run).__name__),
+        "environment": to_environment_spec(run.env),
+        "evaluationEpisodes": run.env.eval_episodes,
+        "network": network_config(actor_network(run, env.obs_dim, env.action_dim)),
+        "seed": config.seed,
+        "evokubeVersion": __version__,
+    }
+    return PolicyExporter(
+        root=checkpoint_dir.rstrip("/") + "/" + POLICIES_SUBDIR,
+        keep=config.checkpoint_keep,
+        unflatten=workflow.rollout.unflatten,
+        metadata=metadata,
+    )
 
 
 def _layout_record(config: RunConfig) -> dict:

@@ -19,12 +19,21 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
 
-from evokube_trainer.agents import SAC, TD3, Actor, Agent, ParamFlattener, SACConfig, TD3Config
+from evokube_trainer.agents import (
+    SAC,
+    TD3,
+    Actor,
+    GaussianActor,
+    ParamFlattener,
+    SACConfig,
+    TD3Config,
+    deterministic_policy,
+)
 from evokube_trainer.ec import ARS, CMAES, GA, EvoOptimizer, OpenES, SepCEM, SepCMAES, VanillaES
 from evokube_trainer.envs import AutoReset, Box, Env, make_env
 from evokube_trainer.replay import ReplayBuffer
@@ -203,13 +212,42 @@ def _make(env_config: EnvConfig, num_envs: int, autoreset: str) -> Env:
 
 @dataclasses.dataclass(frozen=True)
 class _Actor:
-    """Initialization of one actor network (a hashable stand-in for a closure)."""
+    """Initialization and deterministic action of one actor network (a hashable stand-in for
+    closures)."""
 
     network: Actor
     obs_dim: int
 
     def init(self, key: Array) -> Any:
         return self.network.init(key, jnp.zeros((self.obs_dim,), jnp.float32))
+
+    def policy(self, params: Any, obs: Array) -> Array:
+        return deterministic_policy(self.network, params, obs)
+
+
+def make_agent(
+    config: ECConfig | ERLConfig | CEMRLConfig | PBTConfig, obs_dim: int, action_dim: int
+) -> TD3 | SAC | None:
+    """The RL agent of an ERL, CEM-RL or PBT config (TD3 or SAC); None for pure EC."""
+    if isinstance(config, ECConfig):
+        return None
+    if isinstance(config, ERLConfig | CEMRLConfig | PBTConfig):
+        if isinstance(config.agent, SACConfig):
+            return SAC(config.agent, obs_dim, action_dim)
+        return TD3(config.agent, obs_dim, action_dim)
+    raise TypeError(f"no workflow for config type {type(config).__name__}")
+
+
+def actor_network(
+    config: ECConfig | ERLConfig | CEMRLConfig | PBTConfig, obs_dim: int, action_dim: int
+) -> Actor | GaussianActor:
+    """The network of the actors `config`'s population evolves (what a policy export holds):
+    EC's deterministic `Actor`, or the RL agent's actor (TD3: `Actor`, SAC: `GaussianActor`).
+    Its deterministic action is `agents.deterministic_policy`."""
+    agent = make_agent(config, obs_dim, action_dim)
+    if agent is None:
+        return Actor(action_dim, tuple(cast(ECConfig, config).actor_hidden_sizes))
+    return agent.actor_network
 
 
 def make_workflow(
@@ -226,19 +264,15 @@ def make_workflow(
     episode_length = episode_length_of(fitness_env)
     obs_dim, action_dim = fitness_env.obs_dim, fitness_env.action_dim
 
-    agent: Agent | None = None
-    if isinstance(config, ECConfig):
-        actor = _Actor(Actor(action_dim, tuple(config.actor_hidden_sizes)), obs_dim)
-        init_params, policy, explore = actor.init, actor.network.apply, None
-    elif isinstance(config, ERLConfig | CEMRLConfig | PBTConfig):
-        agent_type = SAC if isinstance(config.agent, SACConfig) else TD3
-        if not isinstance(fitness_env.action_space, Box):
-            name, env_name = agent_type.__name__, env_config.name
-            raise ValueError(f"{name} needs continuous actions; {env_name} has discrete ones")
-        agent = agent_type(config.agent, obs_dim, action_dim)
-        init_params, policy, explore = agent.init_actor_params, agent.policy, agent.explore
+    agent = make_agent(config, obs_dim, action_dim)
+    if agent is None:
+        actor = _Actor(cast(Actor, actor_network(config, obs_dim, action_dim)), obs_dim)
+        init_params, policy, explore = actor.init, actor.policy, None
     else:
-        raise TypeError(f"no workflow for config type {type(config).__name__}")
+        if not isinstance(fitness_env.action_space, Box):
+            name, env_name = type(agent).__name__, env_config.name
+            raise ValueError(f"{name} needs continuous actions; {env_name} has discrete ones")
+        init_params, policy, explore = agent.init_actor_params, agent.policy, agent.explore
 
     flattener = ParamFlattener.from_params(init_params(jax.random.PRNGKey(0)))
     optimizer = None

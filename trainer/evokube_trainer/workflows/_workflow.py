@@ -281,10 +281,11 @@ class Workflow:
         actors, _ = self.learner.actors(state.learner)  # [K, D]
         return jnp.concatenate([*best, actors])
 
-    def evaluate(self, state: WorkflowState) -> Metrics:
+    def evaluate(self, state: WorkflowState) -> tuple[Metrics, Array]:
         """Returns of the best candidate policy (`candidates`), acting deterministically, over
-        the evaluator's episodes; `eval/candidate` says which (0: the optimizer's best, k: the
-        learner's k-th actor). The key is derived from the state's, which is left unchanged."""
+        the evaluator's episodes, and that candidate `[D]` (what a policy export holds);
+        `eval/candidate` says which (0: the optimizer's best, k: the learner's k-th actor).
+        The key is derived from the state's, which is left unchanged."""
         params = self.candidates(state)  # [C, D]
         key = jax.random.fold_in(state.key, 0x5EED)
         num = params.shape[0]
@@ -293,7 +294,7 @@ class Workflow:
         )
         pick = jnp.argmax(jnp.mean(result.episode_returns, axis=1))
         returns = result.episode_returns[pick]  # [E]
-        return {
+        metrics = {
             "eval/return_mean": jnp.mean(returns),
             "eval/return_std": jnp.std(returns),
             "eval/return_min": jnp.min(returns),
@@ -301,6 +302,7 @@ class Workflow:
             "eval/episode_length_mean": jnp.mean(result.episode_lengths[pick].astype(jnp.float32)),
             "eval/candidate": pick.astype(jnp.float32),
         }
+        return metrics, params[pick]
 
     # ---- host loop -----------------------------------------------------------------------------
 
@@ -311,16 +313,19 @@ class Workflow:
         stop: Callable[[Mapping[str, float]], bool],
         recorders: Iterable[Recorder] = (),
         on_generation: Callable[[WorkflowState, Mapping[str, float]], None] | None = None,
+        on_evaluation: Callable[[WorkflowState, Array, Mapping[str, float]], None] | None = None,
         eval_every: int = 1,
         jitted: JittedWorkflow | None = None,
     ) -> WorkflowState:
         """Runs generations until `stop(metrics)` is true; returns the last state.
 
         Host side, once per generation: fetch the step's metrics, evaluate the deployable policy
-        every `eval_every` generations (0: never), add timing metrics, write every recorder,
-        then call `on_generation(state, metrics)` (the checkpoint hook). Pass `jitted` to reuse
-        compiled functions across calls; recorders are not closed here. Timing metrics of the
-        first generation include compilation unless `jitted` has already run this workflow.
+        every `eval_every` generations (0: never) and pass the evaluated candidate `[D]` (on
+        the device, replicated) to `on_evaluation(state, policy, metrics)` (the policy export
+        hook), add timing metrics, write every recorder, then call `on_generation(state,
+        metrics)` (the checkpoint hook). Pass `jitted` to reuse compiled functions across
+        calls; recorders are not closed here. Timing metrics of the first generation include
+        compilation unless `jitted` has already run this workflow.
         """
         fns = jitted if jitted is not None else jit_workflow(self)
         recorders = tuple(recorders)
@@ -332,7 +337,10 @@ class Workflow:
             step_seconds = time.perf_counter() - start
             generation = int(metrics["generation"])
             if eval_every and generation % eval_every == 0:
-                metrics.update(_to_host(fns.evaluate(state)))
+                eval_metrics, policy = fns.evaluate(state)
+                metrics.update(_to_host(eval_metrics))
+                if on_evaluation is not None:
+                    on_evaluation(state, policy, metrics)
             metrics["time/step_s"] = step_seconds
             metrics["time/generations_per_s"] = 1.0 / max(step_seconds, 1e-9)
             metrics["time/env_steps_per_s"] = (metrics["env_steps"] - env_steps) / max(
@@ -353,7 +361,7 @@ class JittedWorkflow:
 
     init: Callable[[Array], WorkflowState]
     step: Callable[[WorkflowState], tuple[WorkflowState, Metrics]]
-    evaluate: Callable[[WorkflowState], Metrics]
+    evaluate: Callable[[WorkflowState], tuple[Metrics, Array]]
 
 
 def jit_workflow(workflow: Workflow, *, donate: bool = False) -> JittedWorkflow:
