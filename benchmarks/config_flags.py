@@ -12,6 +12,7 @@ CONFIG_FLAGS = {  # flag -> (type, default, help): what build_config reads from 
     "--es-pop-size": (int, 32, "OpenES population"),
     "--rl-pop-size": (int, 10, "CEM-RL and ERL-GA population"),
     "--erl-agents": (int, 1, "ERL-GA's TD3 agents"),
+    "--pbt-members": (int, 4, "PBT's TD3 members"),
     "--updates": (int, 256, "TD3 steps per generation"),
     "--hidden": (int, [256, 256], "hidden layer sizes of actor and critic"),
     "--replay-capacity": (int, 200_000, "replay buffer capacity"),

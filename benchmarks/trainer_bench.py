@@ -7,8 +7,9 @@
 Every configuration is built with `make_workflow`, its `step` jitted and compiled ahead of time
 (`lower(state).compile()`, timed as the compile time), run once untimed, then timed over
 `--generations` generations. Env steps are agent steps (one per policy action), counted by the
-workflow itself; for ERL they include the RL agents' exploratory episodes. The RL algorithms
-use the TD3 paper's networks (256, 256) unless `--hidden` says otherwise.
+workflow itself; for ERL they include the RL agents' exploratory episodes. PBT exploits and
+explores every generation (`interval=1`, its most expensive setting) over both learning rates.
+The RL algorithms use the TD3 paper's networks (256, 256) unless `--hidden` says otherwise.
 
 Prints one markdown table row per configuration, ready to paste into benchmarks/README.md.
 """
@@ -30,6 +31,7 @@ from evokube_trainer.workflows import (
     ECConfig,
     EnvConfig,
     ERLConfig,
+    PBTConfig,
     ReplayConfig,
     make_workflow,
 )
@@ -39,7 +41,8 @@ ENVS = {
     "halfcheetah": "brax/halfcheetah",
 }
 DEFAULT_EPISODE_LENGTH = {"pendulum": 200, "halfcheetah": 1000}
-# --algos name -> (label, EC optimizer); "erl*" run ERL's workflow, "cemrl*" CEM-RL's.
+# --algos name -> (label, EC optimizer); "erl*" run ERL's workflow, "cemrl*" CEM-RL's, "pbt"
+# PBT's (no optimizer).
 ALGOS = {
     "openes": ("OpenES", "open_es"),
     "cemrl": ("CEM-RL", "sep_cem"),
@@ -47,6 +50,7 @@ ALGOS = {
     "erl": ("ERL-GA", "ga"),
     "erl-es": ("ERL-ES", "open_es"),
     "erl-eda": ("ERL-EDA", "sep_cem"),
+    "pbt": ("PBT", None),
 }
 
 
@@ -63,6 +67,16 @@ def build_config(algo: str, env_name: str, args: argparse.Namespace):
     if algo == "openes":
         return ECConfig(
             env=env, pop_size=args.es_pop_size, optimizer="open_es", actor_hidden_sizes=hidden
+        )
+    if algo == "pbt":
+        return PBTConfig(
+            env=env,
+            pop_size=args.pbt_members,
+            agent=td3,
+            updates_per_generation=args.updates,
+            replay=replay,
+            interval=1,
+            ranges={"actor_lr": (1e-4, 1e-3), "critic_lr": (1e-4, 1e-3)},
         )
     optimizer = ALGOS[algo][1]
     if algo.startswith("cemrl"):
@@ -94,6 +108,8 @@ def population_label(algo: str, config) -> str:
         return f"{config.pop_size} ({config.pop_size // 2} TD3 actors)"
     if algo.startswith("erl"):
         return f"{config.pop_size} + {config.num_agents} TD3 agent(s)"
+    if algo == "pbt":
+        return f"{config.pop_size} TD3 members"
     return str(config.pop_size)
 
 
@@ -116,7 +132,8 @@ def bench(algo: str, env_name: str, args: argparse.Namespace) -> dict:
     jax.block_until_ready(metrics)
     elapsed = time.perf_counter() - start
     env_steps = int(state.env_steps) - steps_before
-    updates = getattr(workflow.learner, "num_updates", 0)
+    learner = getattr(workflow.learner, "members", workflow.learner)  # PBT's: its agents'
+    updates = getattr(learner, "num_updates", 0)
     return {
         "algo": ALGOS[algo][0],
         "env": f"{ENVS[env_name]} (T={workflow.rollout.episode_length})",

@@ -1306,3 +1306,70 @@ GOOD_MANIFESTS += [
         },
     ),
 ]
+
+# PBT (spec.algorithm.pbt): refusals name the field, for the API server and `evokube validate`.
+_PBT = {"name": "pbt", "rl": {}}
+BAD_MANIFESTS += [
+    BadManifest("pbt without rl", {"spec.algorithm": {"name": "pbt"}}, "spec.algorithm.rl"),
+    BadManifest(
+        "pbt with numAgents",
+        {"spec.algorithm": {**_PBT, "rl": {"numAgents": 2}}},
+        "spec.algorithm.rl.numAgents",
+    ),
+    BadManifest(
+        "a pbt section for cem-rl",
+        {"spec.algorithm": {"name": "cem-rl", "rl": {"numAgents": 2}, "pbt": {"interval": 2}}},
+        "spec.algorithm.pbt",
+    ),
+    BadManifest(
+        "pbt exploration noise for sac",
+        {
+            "spec.algorithm": {
+                "name": "pbt",
+                "rl": {"learner": "sac"},
+                "pbt": {"hyperparameters": {"explorationNoise": {"min": 0.1, "max": 0.2}}},
+            }
+        },
+        "spec.algorithm.pbt.hyperparameters.explorationNoise",
+    ),
+    BadManifest(
+        "pbt range upside down",
+        {
+            "spec.algorithm": {
+                **_PBT,
+                "pbt": {"hyperparameters": {"actorLearningRate": {"min": 0.01, "max": 0.001}}},
+            }
+        },
+        "spec.algorithm.pbt.hyperparameters.actorLearningRate.max",
+    ),
+    BadManifest(
+        "pbt exploits more than half",
+        {"spec.algorithm": {**_PBT, "pbt": {"exploitFraction": 0.75}}},
+        "spec.algorithm.pbt.exploitFraction",
+    ),
+    BadManifest(
+        "pbt with an ec field",
+        {"spec.algorithm": {**_PBT, "ec": {"noiseStd": 0.1}}},
+        "spec.algorithm.ec.noiseStd",
+    ),
+]
+GOOD_MANIFESTS += [
+    GoodManifest("pbt with defaults", {"spec.algorithm": _PBT}),
+    GoodManifest(
+        "pbt with sac and ranges",
+        {
+            "spec.algorithm": {
+                "name": "pbt",
+                "rl": {"learner": "sac"},
+                "pbt": {
+                    "interval": 3,
+                    "perturbFactors": [0.8, 1.2],
+                    "hyperparameters": {
+                        "criticLearningRate": {"min": 0.0001, "max": 0.001},
+                        "targetEntropyScale": {"min": 0.5, "max": 2.0},
+                    },
+                },
+            }
+        },
+    ),
+]

@@ -13,9 +13,9 @@ import pytest
 
 from evokube_trainer.agents import SACConfig, TD3Config
 from evokube_trainer.runtime import manifest
-from evokube_trainer.runtime.algorithms import ALGORITHMS, CEM_RL, EC, ERL
-from evokube_trainer.runtime.config import to_run_config
-from evokube_trainer.workflows import CEMRLConfig, ECConfig, ERLConfig
+from evokube_trainer.runtime.algorithms import ALGORITHMS, CEM_RL, EC, ERL, PBT
+from evokube_trainer.runtime.config import PBT_HYPERPARAMETERS, to_run_config
+from evokube_trainer.workflows import CEMRLConfig, ECConfig, ERLConfig, PBTConfig
 from tests.bad_manifests import with_changes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ EC_VALUES = {
     "maxRestarts": 2,
     "restartPopulationFactor": 1,
 }
-CONFIG_TYPES = {EC: ECConfig, ERL: ERLConfig, CEM_RL: CEMRLConfig}
+CONFIG_TYPES = {EC: ECConfig, ERL: ERLConfig, CEM_RL: CEMRLConfig, PBT: PBTConfig}
 
 
 def _algorithm_schema() -> dict:
@@ -50,10 +50,15 @@ def _choices():
                 yield name, {"distribution": distribution}
 
 
+def _rl(name: str, **fields) -> dict:
+    """spec.algorithm.rl for a learning algorithm: K = 2, except for pbt (K = population)."""
+    return fields if ALGORITHMS[name].workflow == PBT else {"numAgents": 2, **fields}
+
+
 def _manifest(name: str, ec: dict, **changes) -> dict:
     algorithm: dict = {"name": name, "ec": ec}
     if ALGORITHMS[name].learns:
-        algorithm["rl"] = {"numAgents": 2}
+        algorithm["rl"] = _rl(name)
     return with_changes({"spec.algorithm": algorithm, **changes})
 
 
@@ -96,7 +101,9 @@ def test_a_distribution_is_chosen_only_where_there_is_a_choice(name):
 def test_rl_settings_are_required_exactly_by_the_learning_algorithms(name):
     entry = ALGORITHMS[name]
     without = with_changes({"spec.algorithm": {"name": name}})
-    with_rl = with_changes({"spec.algorithm": {"name": name, "rl": {"numAgents": 2}}})
+    with_rl = with_changes(
+        {"spec.algorithm": {"name": name, "rl": _rl(name) if entry.learns else {"numAgents": 2}}}
+    )
     refused = ["spec.algorithm.rl"]
     assert [e.path for e in manifest.check(without)[1]] == (refused if entry.learns else [])
     assert [e.path for e in manifest.check(with_rl)[1]] == ([] if entry.learns else refused)
@@ -134,8 +141,8 @@ SAC_ONLY = {"temperatureLearningRate": 1e-3, "initialTemperature": 0.5, "targetE
 @pytest.mark.parametrize("learner", ["td3", "sac"])
 def test_each_learner_reads_its_own_rl_fields_and_refuses_the_others(learner):
     own, other = (TD3_ONLY, SAC_ONLY) if learner == "td3" else (SAC_ONLY, TD3_ONLY)
-    rl = {"numAgents": 2, "learner": learner, **own}
-    for name in ("erl-ga", "cem-rl"):
+    for name in ("erl-ga", "cem-rl", "pbt"):
+        rl = _rl(name, learner=learner, **own)
         defaulted, errors = manifest.check(
             with_changes({"spec.algorithm": {"name": name, "rl": rl}})
         )
@@ -174,5 +181,104 @@ def test_the_docs_list_every_algorithm_with_its_workflow_and_distributions():
     assert list(rows) == list(ALGORITHMS)
     for name, entry in ALGORITHMS.items():
         assert rows[name][1] == entry.workflow, name
-        assert rows[name][2] == ", ".join(entry.distributions), name
+        assert rows[name][2] == (", ".join(entry.distributions) or "none"), name
         assert rows[name][3] == ("yes" if entry.normalize_observations else "no"), name
+
+
+def _pbt(pbt: dict | None = None, learner: str = "td3", **changes) -> dict:
+    algorithm: dict = {"name": "pbt", "rl": {"learner": learner}}
+    if pbt is not None:
+        algorithm["pbt"] = pbt
+    return with_changes({"spec.algorithm": algorithm, **changes})
+
+
+def test_pbt_maps_its_section_onto_the_config_and_defaults_like_the_config():
+    ranges = {
+        "actorLearningRate": {"min": 1e-4, "max": 1e-3},
+        "explorationNoise": {"min": 0.05, "max": 0.3},
+    }
+    pbt = {
+        "interval": 3,
+        "exploitFraction": 0.5,
+        "perturbFactors": [0.5, 2.0],
+        "hyperparameters": ranges,
+    }
+    defaulted, errors = manifest.check(_pbt(pbt, **{"spec.population.size": 6}))
+    assert errors == []
+    config = to_run_config(defaulted).workflow
+    assert isinstance(config, PBTConfig) and config.pop_size == 6
+    assert (config.interval, config.exploit_fraction, config.perturb_factors) == (
+        3,
+        0.5,
+        (0.5, 2.0),
+    )
+    assert config.ranges == {"actor_lr": (1e-4, 1e-3), "exploration_noise": (0.05, 0.3)}
+    # No section and an empty one (which the CRD defaults) give the same config.
+    without = to_run_config(manifest.check(_pbt())[0]).workflow
+    empty = to_run_config(manifest.check(_pbt({}))[0]).workflow
+    assert without == empty and without.ranges == {}
+    assert (empty.interval, empty.exploit_fraction, empty.perturb_factors) == (
+        PBTConfig.interval,
+        PBTConfig.exploit_fraction,
+        PBTConfig.perturb_factors,
+    )
+
+
+@pytest.mark.parametrize("learner", ["td3", "sac"])
+def test_pbt_hyperparameters_are_those_of_the_learner(learner):
+    """Each spec field maps onto a hyperparameter the learner's agent offers; the other
+    learner's own is refused at admission, naming it."""
+    own, other = ("explorationNoise", "targetEntropyScale")[:: 1 if learner == "td3" else -1]
+    for field in ("actorLearningRate", "criticLearningRate", own):
+        pbt = {"hyperparameters": {field: {"min": 0.5, "max": 0.8}}}
+        defaulted, errors = manifest.check(_pbt(pbt, learner))
+        assert errors == [], field
+        workflow = to_run_config(defaulted).workflow
+        assert workflow.ranges == {PBT_HYPERPARAMETERS[field]: (0.5, 0.8)}
+    wrong = _pbt({"hyperparameters": {other: {"min": 0.5, "max": 0.8}}}, learner)
+    paths = [e.path for e in manifest.check(wrong)[1]]
+    assert paths == [f"spec.algorithm.pbt.hyperparameters.{other}"]
+
+
+@pytest.mark.parametrize(
+    ("pbt", "path"),
+    [
+        (
+            {"hyperparameters": {"criticLearningRate": {"min": 1e-3, "max": 1e-4}}},
+            "hyperparameters.criticLearningRate.max",
+        ),
+        (
+            {"hyperparameters": {"actorLearningRate": {"min": 0.0, "max": 1e-4}}},
+            "hyperparameters.actorLearningRate.min",
+        ),
+        (
+            {"hyperparameters": {"actorLearningRate": {"min": 1e-4}}},
+            "hyperparameters.actorLearningRate.max",
+        ),
+        ({"exploitFraction": 0.6}, "exploitFraction"),
+        ({"interval": 0}, "interval"),
+        ({"perturbFactors": []}, "perturbFactors"),
+        ({"perturbFactors": [0.8, -1.0]}, "perturbFactors[1]"),
+    ],
+    ids=str,
+)
+def test_bad_pbt_settings_are_refused_naming_the_field(pbt, path):
+    assert [e.path for e in manifest.check(_pbt(pbt))[1]] == [f"spec.algorithm.pbt.{path}"]
+
+
+@pytest.mark.parametrize("name", [n for n in ALGORITHMS if n != "pbt"])
+def test_a_pbt_section_is_refused_for_every_other_algorithm(name):
+    doc = _manifest(name, {})
+    doc["spec"]["algorithm"]["pbt"] = {"interval": 2}
+    assert [e.path for e in manifest.check(doc)[1]] == ["spec.algorithm.pbt"]
+
+
+def test_pbt_refuses_every_ec_field_and_num_agents():
+    for field, value in EC_VALUES.items():
+        paths = [e.path for e in manifest.check(_manifest("pbt", {field: value}))[1]]
+        assert f"spec.algorithm.ec.{field}" in paths, field
+        assert all(p.startswith("spec.algorithm.ec") for p in paths), (field, paths)
+    with_k = with_changes({"spec.algorithm": {"name": "pbt", "rl": {"numAgents": 2}}})
+    assert [e.path for e in manifest.check(with_k)[1]] == ["spec.algorithm.rl.numAgents"]
+    without_k = with_changes({"spec.algorithm": {"name": "cem-rl", "rl": {}}})
+    assert [e.path for e in manifest.check(without_k)[1]] == ["spec.algorithm.rl.numAgents"]

@@ -65,6 +65,19 @@ CEMRL = {
     },
 }
 
+# 8 members split 2 per device; generation 2 exploits and explores.
+PBT = {
+    "name": "pbt",
+    "rl": {k: v for k, v in CEMRL["rl"].items() if k != "numAgents"},
+    "pbt": {
+        "interval": 2,
+        "hyperparameters": {
+            "actorLearningRate": {"min": 1e-4, "max": 1e-3},
+            "explorationNoise": {"min": 0.05, "max": 0.3},
+        },
+    },
+}
+
 
 def start_run(tmp_path, doc, *extra_args, env=None):
     path = tmp_path / f"{doc['metadata']['name']}.yaml"
@@ -110,8 +123,8 @@ def history(tmp_path, name):
 
 @pytest.mark.parametrize(
     ("algorithm", "normalize"),
-    [(OPENES, None), (CEMRL, None), (CEMRL, True)],
-    ids=["openes", "cem-rl", "cem-rl-normalized"],  # None: the algorithm's default
+    [(OPENES, None), (CEMRL, None), (CEMRL, True), (PBT, None)],
+    ids=["openes", "cem-rl", "cem-rl-normalized", "pbt"],  # None: the algorithm's default
 )
 def test_two_hosts_of_two_devices_match_one_host_of_four(tmp_path, algorithm, normalize):
     runs = {}
@@ -137,7 +150,8 @@ def test_two_hosts_of_two_devices_match_one_host_of_four(tmp_path, algorithm, no
         # With observation normalization, the statistics every process pools (the policies and
         # the critic see observations through them) agree too.
         assert a.keys() == b.keys()
-        for key in sorted(k for k in a if k.startswith("obs_norm/")):
+        # PBT: the members (split over the devices) exploit and explore alike.
+        for key in sorted(k for k in a if k.startswith(("obs_norm/", "pbt/"))):
             assert a[key] == pytest.approx(b[key], rel=5e-3, abs=1e-5), (key, a, b)
     assert split[0]["ec/fitness_max"] == pytest.approx(single[0]["ec/fitness_max"], rel=1e-6)
     if normalize:

@@ -99,10 +99,12 @@ def test_progress_reaches_the_experiment_with_a_least_privilege_token(
         meanFitness=-400.0,
         evalReturn=None,
         lastCheckpoint=2,
+        hyperparameters={"actorLearningRate": 0.001, "explorationNoise": 0.2},  # pbt's
     )
     reporter.close()
     progress = progress_of(api, namespace, "mine")
     assert progress["generation"] == 3 and progress["bestFitness"] == -150.5
+    assert progress["hyperparameters"] == {"actorLearningRate": 0.001, "explorationNoise": 0.2}
     assert "evalReturn" not in progress and progress["updatedAt"].endswith("Z")
     status = client.CustomObjectsApi(api).get_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, "mine"

@@ -146,8 +146,8 @@ def test_erl_injection_replaces_the_worst_members(tiny_erl):
     population = jnp.stack([jnp.full(actors.shape[1], float(i)) for i in range(4)])  # [4, D]
     fitness = jnp.array([-10.0, -50.0, -5.0, -80.0])
     actor_fitness = jnp.array([-1.0, -2.0])
-    merged, new_fitness, metrics = workflow.learner.merge(
-        state.learner, jnp.int32(0), population, fitness, actor_fitness
+    _, merged, new_fitness, metrics = workflow.learner.merge(
+        state.learner, jnp.int32(0), population, fitness, actor_fitness, jax.random.PRNGKey(1)
     )
     np.testing.assert_array_equal(merged[3], actors[0])  # the worst (-80) gets actor 0
     np.testing.assert_array_equal(merged[1], actors[1])  # the second worst (-50) actor 1
@@ -164,8 +164,8 @@ def test_erl_injects_only_every_interval_generations(tiny_erl):
     fitness = jnp.arange(4.0)
     injected = []
     for generation in range(6):
-        merged, _, _ = learner.merge(
-            state, jnp.int32(generation), population, fitness, -fitness[:2]
+        _, merged, _, _ = learner.merge(
+            state, jnp.int32(generation), population, fitness, -fitness[:2], jax.random.PRNGKey(1)
         )
         injected.append(bool(jnp.any(merged != population)))
     assert injected == [False, False, True, False, False, True]
@@ -532,6 +532,20 @@ def test_erl_ga_with_sac_learns_pendulum():
         replay=LEARNING_REPLAY,
     )
     assert _pendulum_return_after(config, 15) > -400
+
+
+def test_cemrl_with_sac_learns_pendulum():
+    """CEM-RL with SAC actors (sampling their policies in training, deterministic when
+    evaluated), set up as the TD3 run. Seed 0 measured -1560 untrained, -333 at generation 7
+    and -204 at 15 (about 65 s here, compilation included)."""
+    config = CEMRLConfig(
+        env=EnvConfig(PENDULUM, eval_episodes=10),
+        pop_size=10,
+        agent=LEARNING_SAC,
+        updates_per_generation=400,
+        replay=LEARNING_REPLAY,
+    )
+    assert _pendulum_return_after(config, 15) > -500
 
 
 def test_openes_solves_cartpole():

@@ -15,7 +15,11 @@ every agent:
   `actor_state_from_params(params)` (wraps a population member for training; `.params` reads
   it back) and `shared_update(critic, actors, step, batches, key)`, one gradient step of the
   critic side and of the K actors (leaves `[K, ...]`) on their K batches. Its metrics include
-  `actor_loss` and `actor_updated` (0/1: whether the actors took a step, TD3 delays them).
+  `actor_loss` and `actor_updated` (0/1: whether the actors took a step, TD3 delays them);
+* K agents with their own hyperparameters (PBT): `hyperparameters` names what may vary per
+  member (with this config's values), `with_hyperparameters(state, values)` writes them into
+  one agent's state (the Adam learning rates live in the optimizer states, see `adam`), and
+  `exploration_scale_of(values)` is the `explore` scale they give.
 
 `ActorCritic` is the structure both agents share: (config, obs_dim, action_dim), twin critics
 (`TwinCritic`), Adam optimizers, the TD loss and `update_many`, the replay scan of `update`.
@@ -24,7 +28,7 @@ every agent:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar, cast
 
 import flax.linen as nn
@@ -42,6 +46,7 @@ __all__ = [
     "additive_noise",
     "apply_gradients",
     "soft_update",
+    "with_learning_rate",
 ]
 
 Array = jax.Array
@@ -55,6 +60,13 @@ class Agent(Protocol):
 
     @property
     def exploration_scale(self) -> float: ...
+
+    @property
+    def hyperparameters(self) -> Mapping[str, float]: ...
+
+    def with_hyperparameters(self, state: Any, values: Mapping[str, Array]) -> Any: ...
+
+    def exploration_scale_of(self, values: Mapping[str, Array]) -> Array: ...
 
     def init_actor_params(self, key: Array) -> Params: ...
 
@@ -94,11 +106,25 @@ def soft_update(target: Params, online: Params, tau: float) -> Params:
     return jax.tree.map(lambda t, o: tau * o + (1.0 - tau) * t, target, online)
 
 
-def adam(learning_rate: float, max_grad_norm: float | None) -> optax.GradientTransformation:
-    """Adam, after global-norm gradient clipping when `max_grad_norm` is set."""
+def _clipped_adam(learning_rate: Any, max_grad_norm: float | None) -> optax.GradientTransformation:
     if max_grad_norm is None:
         return optax.adam(learning_rate)
     return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(learning_rate))
+
+
+def adam(learning_rate: float, max_grad_norm: float | None) -> optax.GradientTransformation:
+    """Adam, after global-norm gradient clipping when `max_grad_norm` is set. The learning
+    rate lives in the optimizer state (`optax.inject_hyperparams`), a traced value that
+    `with_learning_rate` replaces: PBT gives every member its own under one `vmap`."""
+    return optax.inject_hyperparams(_clipped_adam, static_args=("max_grad_norm",))(
+        learning_rate=learning_rate, max_grad_norm=max_grad_norm
+    )
+
+
+def with_learning_rate(opt_state: Any, learning_rate: Array) -> Any:
+    """An `adam` state whose next steps use `learning_rate` (moments and count kept)."""
+    hyperparams = {**opt_state.hyperparams, "learning_rate": jnp.asarray(learning_rate)}
+    return opt_state._replace(hyperparams=hyperparams)
 
 
 def apply_gradients(
@@ -135,6 +161,31 @@ class ActorCritic:
     @property
     def critic_optimizer(self) -> optax.GradientTransformation:
         return adam(self.config.critic_lr, self.config.max_grad_norm)
+
+    # ---- per-member hyperparameters (PBT) -------------------------------------------------------
+
+    @property
+    def hyperparameters(self) -> dict[str, float]:
+        """What PBT may set per member: name -> this config's value. A subclass adds its own."""
+        return {"actor_lr": self.config.actor_lr, "critic_lr": self.config.critic_lr}
+
+    def with_hyperparameters(self, state: Any, values: Mapping[str, Array]) -> Any:
+        """`state` (one agent's) training on with `values` (every `hyperparameters` name)."""
+        actor = dataclasses.replace(
+            state.actor, opt_state=with_learning_rate(state.actor.opt_state, values["actor_lr"])
+        )
+        critic_opt_state = with_learning_rate(state.critic.opt_state, values["critic_lr"])
+        critic = dataclasses.replace(state.critic, opt_state=critic_opt_state)
+        return dataclasses.replace(state, actor=actor, critic=critic)
+
+    def exploration_scale_of(self, values: Mapping[str, Array]) -> Array:
+        """The `explore` scale of an agent with hyperparameters `values`."""
+        del values
+        return jnp.asarray(self.exploration_scale, jnp.float32)
+
+    @property
+    def exploration_scale(self) -> float:
+        raise NotImplementedError
 
     def init_actor_params(self, key: Array) -> Params:
         return self.actor_network.init(key, jnp.zeros((self.obs_dim,), jnp.float32))

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import jax
@@ -102,6 +102,7 @@ class SoftCriticState:
     opt_state: optax.OptState
     log_alpha: Array  # [] log of the entropy temperature alpha
     alpha_opt_state: optax.OptState
+    target_entropy: Array  # [] the entropy alpha steers toward (state, so PBT can vary it)
 
 
 @struct.dataclass
@@ -140,6 +141,17 @@ class SAC(ActorCritic):
         target = self.config.target_entropy
         return -float(self.action_dim) if target is None else target
 
+    @property
+    def hyperparameters(self) -> dict[str, float]:
+        """The learning rates and a scale of the target entropy (PBT's per-member values)."""
+        return {**super().hyperparameters, "target_entropy_scale": 1.0}
+
+    def with_hyperparameters(self, state: SACState, values: Mapping[str, Array]) -> SACState:
+        state = super().with_hyperparameters(state, values)
+        target_entropy = values["target_entropy_scale"] * self.target_entropy
+        critic = dataclasses.replace(state.critic, target_entropy=target_entropy)
+        return dataclasses.replace(state, critic=critic)
+
     # ---- init ---------------------------------------------------------------------------------
 
     def actor_state_from_params(self, params: Params) -> SACActorState:
@@ -155,6 +167,7 @@ class SAC(ActorCritic):
             opt_state=self.critic_optimizer.init(params),
             log_alpha=log_alpha,
             alpha_opt_state=self.temperature_optimizer.init(log_alpha),
+            target_entropy=jnp.asarray(self.target_entropy, jnp.float32),
         )
 
     def init(self, key: Array) -> SACState:
@@ -269,16 +282,18 @@ class SAC(ActorCritic):
         metrics = {"actor_loss": loss, "entropy": -jnp.mean(log_prob)}
         return dataclasses.replace(actor, params=params, opt_state=opt_state), log_prob, metrics
 
-    def temperature_loss(self, log_alpha: Array, log_prob: Array) -> Array:
+    def temperature_loss(self, log_alpha: Array, log_prob: Array, target_entropy: Array) -> Array:
         """-log_alpha * mean(log pi + target_entropy); log_prob of any shape, no gradient."""
-        gap = jax.lax.stop_gradient(jnp.mean(log_prob) + self.target_entropy)
+        gap = jax.lax.stop_gradient(jnp.mean(log_prob) + target_entropy)
         return -log_alpha * gap
 
     def temperature_update(
         self, critic: SoftCriticState, log_prob: Array
     ) -> tuple[SoftCriticState, Metrics]:
         """One Adam step on log(alpha) (none when `tune_temperature` is off)."""
-        loss, grad = jax.value_and_grad(self.temperature_loss)(critic.log_alpha, log_prob)
+        loss, grad = jax.value_and_grad(self.temperature_loss)(
+            critic.log_alpha, log_prob, critic.target_entropy
+        )
         if self.config.tune_temperature:
             log_alpha, opt_state = apply_gradients(
                 self.temperature_optimizer, critic.log_alpha, critic.alpha_opt_state, grad

@@ -45,6 +45,7 @@ in [-1, 1]; the env adapter maps them to the env's bounds.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
 import jax
@@ -167,6 +168,14 @@ class TD3(ActorCritic):
     def exploration_scale(self) -> float:
         """The `explore` scale of an RL actor's rollouts: the std of its action noise."""
         return self.config.exploration_noise
+
+    @property
+    def hyperparameters(self) -> dict[str, float]:
+        """The learning rates and the exploration noise (PBT's per-member values)."""
+        return {**super().hyperparameters, "exploration_noise": self.config.exploration_noise}
+
+    def exploration_scale_of(self, values: Mapping[str, Array]) -> Array:
+        return values["exploration_noise"]
 
     def explore(self, actor_params: Params, obs: Array, noise: Array, scale: Array) -> Array:
         """`clip(policy + scale * noise, -1, 1)`; noise ~ N(0, 1) `[..., action_dim]`."""

@@ -1,8 +1,9 @@
 """The algorithm registry: every `spec.algorithm.name` the CRD accepts, as one entry.
 
 An entry says which workflow the algorithm runs (pure EC, ERL's independent learners, CEM-RL's
-shared critic), which EC distribution it evolves (and which alternatives
-`spec.algorithm.ec.distribution` may pick), and so which spec fields it reads. The CRD's enum and
+shared critic, PBT's learners with their own hyperparameters), which EC distribution it evolves
+(and which alternatives `spec.algorithm.ec.distribution` may pick), and so which spec fields it
+reads. The CRD's enum and
 CEL rules enforce the same facts at admission; tests/runtime/test_algorithms.py fails when the
 CRD, this registry and docs/trainer-design.md disagree.
 
@@ -22,6 +23,7 @@ Converter = Callable[[Any, int], Mapping[str, Any]]
 EC = "ec"  # evolution alone: a deterministic MLP actor per member
 ERL = "erl"  # K independent RL learners (actor and critic each), injected into the population
 CEM_RL = "cem-rl"  # K members trained against one shared critic before each evaluation
+PBT = "pbt"  # population.size RL learners, each with its own hyperparameters; no EC at all
 
 
 def _to(keyword: str) -> Converter:
@@ -127,9 +129,9 @@ class Algorithm:
     """One `spec.algorithm.name`.
 
     `distributions`: the EC distributions it may evolve, by their `spec.algorithm.ec.distribution`
-    name; the first is the default, and only an algorithm with several reads that field.
-    `workflow` is EC, ERL or CEM_RL; the last two read `spec.algorithm.rl` (required) and need
-    continuous actions. `normalize_observations`: the default of
+    name; the first is the default, and only an algorithm with several reads that field; PBT has
+    none. `workflow` is EC, ERL, CEM_RL or PBT; all but EC read `spec.algorithm.rl` (required)
+    and need continuous actions. `normalize_observations`: the default of
     spec.environment.normalizeObservations, EvoRL's for the same algorithm (docs/trainer-design.md).
     """
 
@@ -145,6 +147,8 @@ class Algorithm:
         return self.workflow != EC
 
     def distribution(self, ec: Mapping[str, Any]) -> Distribution:
+        if not self.distributions:
+            raise ValueError(f"{self.name} evolves no EC distribution")
         default = next(iter(self.distributions))
         return self.distributions[ec.get("distribution", default)]
 
@@ -152,6 +156,8 @@ class Algorithm:
         """Whether the spec.algorithm.ec `field` means something with these ec settings."""
         if field == "distribution":
             return len(self.distributions) > 1
+        if not self.distributions:
+            return False
         return field in self.distribution(ec).fields
 
 
@@ -201,5 +207,11 @@ ALGORITHMS: Mapping[str, Algorithm] = _entries(
         "CEM-RL: half the population trained against one shared critic",
         CEM_RL,
         {"sep-cem": SEP_CEM, "openes": OPEN_ES},
+    ),
+    Algorithm(
+        "pbt",
+        "Population-based training: RL learners with their own hyperparameters, no EC",
+        PBT,
+        {},
     ),
 )

@@ -1,7 +1,7 @@
 """From a (defaulted, schema-valid) ERLExperiment manifest to what the trainer runs.
 
 `to_run_config` maps the spec onto a workflow config (`ECConfig`, `ERLConfig`,
-`CEMRLConfig`) plus the run's own settings (stopping, checkpoints, metrics).
+`CEMRLConfig`, `PBTConfig`) plus the run's own settings (stopping, checkpoints, metrics).
 The CRD's rules (checked by `manifest.check`) already refuse every manifest
 the trainer cannot run; as a last line, anything the configs or the optimizer
 refuse while being built is reported as a ManifestError too, so the trainer
@@ -15,13 +15,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from evokube_trainer.agents import SACConfig, TD3Config
-from evokube_trainer.runtime.algorithms import ALGORITHMS, EC, ERL, Algorithm
+from evokube_trainer.runtime.algorithms import ALGORITHMS, EC, ERL, PBT, Algorithm
 from evokube_trainer.runtime.manifest import FieldError, ManifestError
 from evokube_trainer.workflows import (
     CEMRLConfig,
     ECConfig,
     EnvConfig,
     ERLConfig,
+    PBTConfig,
     ReplayConfig,
     make_optimizer,
 )
@@ -37,7 +38,7 @@ class RunConfig:
     name: str
     namespace: str
     seed: int
-    workflow: ECConfig | ERLConfig | CEMRLConfig
+    workflow: ECConfig | ERLConfig | CEMRLConfig | PBTConfig
     max_generations: int | None
     max_env_steps: int | None
     target_fitness: float | None
@@ -62,6 +63,8 @@ def _ec_options(algorithm: Algorithm, ec: Mapping[str, Any], pop: int, source: s
     ]
     if errors:
         raise ManifestError(errors, source)
+    if not algorithm.distributions:  # pbt: no EC at all
+        return {}
     return algorithm.distribution(ec).options(ec, pop)
 
 
@@ -90,6 +93,31 @@ def _agent(rl: Mapping[str, Any], hidden: list[int]) -> TD3Config | SACConfig:
         "explorationNoise": "exploration_noise",
     }
     return TD3Config(**shared, **{own[k]: v for k, v in rl.items() if k in own})
+
+
+# spec.algorithm.pbt.hyperparameters field -> the agents' hyperparameter name
+PBT_HYPERPARAMETERS = {
+    "actorLearningRate": "actor_lr",
+    "criticLearningRate": "critic_lr",
+    "explorationNoise": "exploration_noise",
+    "targetEntropyScale": "target_entropy_scale",
+}
+
+
+def _pbt(pbt: Mapping[str, Any]) -> dict[str, Any]:
+    """PBTConfig's own fields from spec.algorithm.pbt; what it leaves unset (all of it, when
+    the spec has no pbt section for the CRD to default) keeps PBTConfig's default, which is
+    the CRD's."""
+    fields: dict[str, Any] = {}
+    if "interval" in pbt:
+        fields["interval"] = pbt["interval"]
+    if "exploitFraction" in pbt:
+        fields["exploit_fraction"] = pbt["exploitFraction"]
+    if "perturbFactors" in pbt:
+        fields["perturb_factors"] = tuple(pbt["perturbFactors"])
+    ranges = pbt.get("hyperparameters", {})
+    fields["ranges"] = {PBT_HYPERPARAMETERS[k]: (r["min"], r["max"]) for k, r in ranges.items()}
+    return fields
 
 
 def to_run_config(manifest: Mapping[str, Any]) -> RunConfig:
@@ -141,8 +169,9 @@ def _run_config(manifest: Mapping[str, Any]) -> RunConfig:
     entry = ALGORITHMS[algorithm["name"]]
     ec = algorithm.get("ec") or {}
     options = _ec_options(entry, ec, pop, manifest["metadata"]["name"])
-    optimizer = entry.distribution(ec).optimizer
-    make_optimizer(optimizer, pop, 1, options)  # raises now what it would raise in training
+    if entry.workflow != PBT:
+        optimizer = entry.distribution(ec).optimizer
+        make_optimizer(optimizer, pop, 1, options)  # raises now what it would raise in training
 
     env_config = to_env_config(
         env,
@@ -150,8 +179,10 @@ def _run_config(manifest: Mapping[str, Any]) -> RunConfig:
         normalize_observations=env.get("normalizeObservations", entry.normalize_observations),
     )
     hidden = spec["policy"]["hiddenLayers"]
-    common = dict(env=env_config, pop_size=pop, optimizer=optimizer, optimizer_options=options)
-    workflow: ECConfig | ERLConfig | CEMRLConfig
+    common = dict(env=env_config, pop_size=pop)
+    if entry.workflow != PBT:
+        common.update(optimizer=optimizer, optimizer_options=options)
+    workflow: ECConfig | ERLConfig | CEMRLConfig | PBTConfig
     if entry.workflow == EC:
         workflow = ECConfig(**common, actor_hidden_sizes=tuple(hidden))
     else:
@@ -166,7 +197,9 @@ def _run_config(manifest: Mapping[str, Any]) -> RunConfig:
             replay=replay,
             updates_per_generation=rl.get("updatesPerGeneration"),
         )
-        if entry.workflow == ERL:
+        if entry.workflow == PBT:
+            workflow = PBTConfig(**common, **rl_common, **_pbt(algorithm.get("pbt", {})))
+        elif entry.workflow == ERL:
             workflow = ERLConfig(
                 **common,
                 **rl_common,

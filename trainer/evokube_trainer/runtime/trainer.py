@@ -35,7 +35,7 @@ from evokube_trainer.policies import PolicyExporter, network_config
 from evokube_trainer.recorders import Recorder
 from evokube_trainer.runtime import exitcodes, objectstore
 from evokube_trainer.runtime.checkpoints import Checkpointer, enable_compilation_cache
-from evokube_trainer.runtime.config import RunConfig, to_environment_spec
+from evokube_trainer.runtime.config import PBT_HYPERPARAMETERS, RunConfig, to_environment_spec
 from evokube_trainer.runtime.metrics import TrainerMetrics
 from evokube_trainer.runtime.status import StatusReporter
 from evokube_trainer.workflows import actor_network
@@ -332,6 +332,12 @@ def _restore_template(workflow, layout):
 
 def _progress(metrics: Mapping[str, float], checkpointer: Checkpointer | None) -> dict:
     steps = checkpointer.steps() if checkpointer else []
+    # pbt: the best member's current hyperparameters, named as in spec.algorithm.pbt
+    hyperparameters = {
+        field: metrics[f"pbt/best/{name}"]
+        for field, name in PBT_HYPERPARAMETERS.items()
+        if f"pbt/best/{name}" in metrics
+    }
     return {
         "generation": int(metrics["generation"]),
         "envSteps": int(metrics["env_steps"]),
@@ -339,6 +345,7 @@ def _progress(metrics: Mapping[str, float], checkpointer: Checkpointer | None) -
         "meanFitness": _finite(metrics.get("ec/fitness_mean")),
         "evalReturn": _finite(metrics.get("eval/return_mean")),
         "lastCheckpoint": steps[-1] if steps else None,
+        "hyperparameters": hyperparameters or None,
     }
 
 

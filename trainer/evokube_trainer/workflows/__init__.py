@@ -1,4 +1,4 @@
-"""Workflows: one generation loop for EC, ERL and CEM-RL.
+"""Workflows: one generation loop for EC, ERL, CEM-RL and PBT.
 
     workflow = make_workflow(CEMRLConfig(env=EnvConfig("gymnax/Pendulum-v1")))
     state = workflow.init(jax.random.PRNGKey(0))
@@ -16,6 +16,7 @@ from evokube_trainer.workflows._configs import (
     ECConfig,
     EnvConfig,
     ERLConfig,
+    PBTConfig,
     ReplayConfig,
     actor_network,
     env_from_config,
@@ -30,6 +31,7 @@ from evokube_trainer.workflows._learners import (
     SharedCritic,
     SharedCriticState,
 )
+from evokube_trainer.workflows._pbt import PBTState, PopulationBasedTraining
 from evokube_trainer.workflows._rollout import PopulationRollout, RolloutResult, random_transitions
 from evokube_trainer.workflows._workflow import (
     JittedWorkflow,
@@ -48,6 +50,9 @@ __all__ = [
     "IndependentAgents",
     "JittedWorkflow",
     "Learner",
+    "PBTConfig",
+    "PBTState",
+    "PopulationBasedTraining",
     "PopulationRollout",
     "ReplayConfig",
     "RolloutResult",

@@ -8,8 +8,9 @@ own hyperparameters through `optimizer_options`; everything else is a field with
 * `ERLConfig`    ERL: an optimizer (the GA by default; OpenES gives ERL-ES, SepCEM ERL-EDA)
                  plus K independent RL agents injected every `injection_interval` generations.
 * `CEMRLConfig`  CEM-RL: SepCEM plus K actors trained against one shared critic.
+* `PBTConfig`    PBT: `pop_size` RL agents with their own hyperparameters, no EC optimizer.
 
-ERL and CEM-RL take their RL agent's config as `agent`: `TD3Config` (the default) or
+ERL, CEM-RL and PBT take their RL agent's config as `agent`: `TD3Config` (the default) or
 `SACConfig`; its `actor_hidden_sizes` is the architecture the population evolves.
 """
 
@@ -38,6 +39,7 @@ from evokube_trainer.envs import AutoReset, Box, Env, make_env
 from evokube_trainer.replay import ReplayBuffer
 from evokube_trainer.workflows._layout import DeviceLayout
 from evokube_trainer.workflows._learners import IndependentAgents, SharedCritic
+from evokube_trainer.workflows._pbt import PopulationBasedTraining
 from evokube_trainer.workflows._rollout import PopulationRollout
 from evokube_trainer.workflows._workflow import Workflow
 
@@ -109,7 +111,7 @@ class ECConfig(_PopulationConfig):
 AgentConfig = TD3Config | SACConfig
 
 
-def _check_agent(config: ERLConfig | CEMRLConfig) -> None:
+def _check_agent(config: ERLConfig | CEMRLConfig | PBTConfig) -> None:
     if not isinstance(config.agent, AgentConfig):
         raise TypeError(f"agent must be a TD3Config or SACConfig, got {type(config.agent)}")
 
@@ -152,6 +154,28 @@ class CEMRLConfig(_PopulationConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        _check_agent(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class PBTConfig:
+    """Population-based training (`_pbt.py`): `pop_size` agents, each with its own
+    hyperparameters. `ranges`: name -> (min, max) for any of `agent`'s PBT hyperparameters
+    (`Agent.hyperparameters`); the others keep `agent`'s value. `updates_per_generation` as in
+    ERL, per member."""
+
+    env: EnvConfig = EnvConfig()
+    pop_size: int = 8
+    fitness_reduction: str = "mean"
+    agent: AgentConfig = dataclasses.field(default_factory=TD3Config)
+    updates_per_generation: int | None = None
+    replay: ReplayConfig = ReplayConfig()
+    interval: int = 5  # generations between exploit/explore steps
+    exploit_fraction: float = 0.25
+    perturb_factors: tuple[float, ...] = (0.8, 1.25)
+    ranges: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
         _check_agent(self)
 
 
@@ -204,12 +228,12 @@ class _Actor:
 
 
 def make_agent(
-    config: ECConfig | ERLConfig | CEMRLConfig, obs_dim: int, action_dim: int
+    config: ECConfig | ERLConfig | CEMRLConfig | PBTConfig, obs_dim: int, action_dim: int
 ) -> TD3 | SAC | None:
-    """The RL agent of an ERL or CEM-RL config (TD3 or SAC); None for pure EC."""
+    """The RL agent of an ERL, CEM-RL or PBT config (TD3 or SAC); None for pure EC."""
     if isinstance(config, ECConfig):
         return None
-    if isinstance(config, ERLConfig | CEMRLConfig):
+    if isinstance(config, ERLConfig | CEMRLConfig | PBTConfig):
         if isinstance(config.agent, SACConfig):
             return SAC(config.agent, obs_dim, action_dim)
         return TD3(config.agent, obs_dim, action_dim)
@@ -217,7 +241,7 @@ def make_agent(
 
 
 def actor_network(
-    config: ECConfig | ERLConfig | CEMRLConfig, obs_dim: int, action_dim: int
+    config: ECConfig | ERLConfig | CEMRLConfig | PBTConfig, obs_dim: int, action_dim: int
 ) -> Actor | GaussianActor:
     """The network of the actors `config`'s population evolves (what a policy export holds):
     EC's deterministic `Actor`, or the RL agent's actor (TD3: `Actor`, SAC: `GaussianActor`).
@@ -229,7 +253,7 @@ def actor_network(
 
 
 def make_workflow(
-    config: ECConfig | ERLConfig | CEMRLConfig, layout: DeviceLayout | None = None
+    config: ECConfig | ERLConfig | CEMRLConfig | PBTConfig, layout: DeviceLayout | None = None
 ) -> Workflow:
     """Builds the static workflow for `config`. Envs are created here (Brax: seconds each).
 
@@ -253,9 +277,11 @@ def make_workflow(
         init_params, policy, explore = agent.init_actor_params, agent.policy, agent.explore
 
     flattener = ParamFlattener.from_params(init_params(jax.random.PRNGKey(0)))
-    optimizer = make_optimizer(
-        config.optimizer, config.pop_size, flattener.num_dims, config.optimizer_options
-    )
+    optimizer = None
+    if not isinstance(config, PBTConfig):
+        optimizer = make_optimizer(
+            config.optimizer, config.pop_size, flattener.num_dims, config.optimizer_options
+        )
     fitness_rollout = PopulationRollout(
         fitness_env, policy, flattener.unflatten, episode_length, explore
     )
@@ -272,6 +298,7 @@ def make_workflow(
     )
     if agent is None:
         return Workflow(**common)
+    assert not isinstance(config, ECConfig)
 
     replay = config.replay
     capacity = replay.capacity
@@ -287,16 +314,31 @@ def make_workflow(
         num_rollouts = config.pop_size
     steps_per_generation = num_rollouts * env_config.episodes_per_member * episode_length
     num_updates = config.updates_per_generation or steps_per_generation
-    if isinstance(config, ERLConfig):
+    learner: IndependentAgents | SharedCritic | PopulationBasedTraining
+    if isinstance(config, ERLConfig | PBTConfig):
+        if isinstance(config, ERLConfig):
+            num_agents, injection_interval = config.num_agents, config.injection_interval
+        else:  # PBT: every member is an agent, and there is no population to inject into
+            num_agents, injection_interval = config.pop_size, 1
         learner = IndependentAgents(
             agent=agent,
             buffer=buffer,
             flatten=flattener.flatten,
-            num_agents=config.num_agents,
+            num_agents=num_agents,
             num_updates=num_updates,
-            injection_interval=config.injection_interval,
+            injection_interval=injection_interval,
             learning_starts=learning_starts,
         )
+        if isinstance(config, PBTConfig):
+            if layout is not None and config.pop_size % layout.num_devices:
+                raise ValueError(f"PBT's pop_size must divide by the {layout.num_devices} devices")
+            learner = PopulationBasedTraining.searching(
+                learner,
+                config.ranges,
+                interval=config.interval,
+                exploit_fraction=config.exploit_fraction,
+                perturb_factors=tuple(config.perturb_factors),
+            )
     else:
         num_actors = config.pop_size // 2 if config.num_actors is None else config.num_actors
         if not 1 <= num_actors <= config.pop_size:

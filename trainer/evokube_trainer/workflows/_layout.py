@@ -9,6 +9,8 @@ where its arrays live, and XLA's partitioner inserts the collectives:
 * the replay buffer is split along its capacity axis, so each process keeps
   its shard; a sampled batch gathers across shards, and the RL gradients over
   it are all-reduced;
+* PBT's members (`PBTState`: agents and hyperparameters, all `[K, ...]`) are
+  split along K, so each device trains its share of the members;
 * everything else in the state (search distribution, networks, optimizer
   states, counters) is replicated.
 
@@ -23,6 +25,8 @@ from typing import Any
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from evokube_trainer.workflows._pbt import PBTState
 
 AXIS = "devices"
 
@@ -54,8 +58,12 @@ class DeviceLayout:
         return jax.lax.with_sharding_constraint(x, self.split)
 
     def state_shardings(self, abstract_state: Any) -> Any:
-        """Shardings for a WorkflowState: replay data split by capacity, the rest replicated."""
+        """Shardings for a WorkflowState: replay data split by capacity, PBT's members by
+        member, the rest replicated."""
         shardings = jax.tree.map(lambda _: self.replicated, abstract_state)
+        if isinstance(getattr(abstract_state, "learner", None), PBTState):
+            learner = jax.tree.map(lambda _: self.split, abstract_state.learner)
+            shardings = shardings.replace(learner=learner)
         if getattr(abstract_state, "replay", None) is None:
             return shardings
         data = jax.tree.map(lambda _: self.split, abstract_state.replay.data)

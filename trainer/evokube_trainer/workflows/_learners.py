@@ -6,8 +6,10 @@ A learner is a static object with four pure methods, called by `Workflow.step` i
         # gradient steps from the shared replay buffer; may rewrite members (CEM-RL)
     actors, noise_std = learner.actors(state)
         # [k, D] extra actors rolled out next to the population, with their exploration scale
-    population, fitness, m = learner.merge(state, generation, population, fitness, actor_fitness)
-        # after evaluation, before `tell`: e.g. inject RL actors in place of the worst members
+    state, population, fitness, m = learner.merge(
+        state, generation, population, fitness, actor_fitness, key)
+        # after evaluation, before `tell`: e.g. inject RL actors in place of the worst members,
+        # or (PBT) let the worst members copy the best ones
 
 Two learners cover the published algorithms, each for any RL agent (`agents.base.Agent`: TD3
 or SAC; the agent's actor is what the population evolves):
@@ -17,6 +19,9 @@ or SAC; the agent's actor is what the population evolves):
   the buffer and, every `injection_interval` generations, they replace the K worst members.
 * `SharedCritic` (CEM-RL, Pourchot & Sigaud 2019): ONE critic; the first K members of every
   population are trained against it and written back before evaluation.
+
+`PopulationBasedTraining` (PBT, Jaderberg et al. 2017; `_pbt.py`) reuses `IndependentAgents`
+with per-member hyperparameters and no EC population at all.
 
 The replay buffer holds raw observations. With observation normalization on, `improve` gets the
 workflow's statistics (frozen for the generation) and normalizes `obs` and `next_obs` of every
@@ -60,8 +65,14 @@ class Learner(Protocol):
     def actors(self, state: Any) -> tuple[Array, Array]: ...
 
     def merge(
-        self, state: Any, generation: Array, population: Array, fitness: Array, actor_fitness: Array
-    ) -> tuple[Array, Array, Metrics]: ...
+        self,
+        state: Any,
+        generation: Array,
+        population: Array,
+        fitness: Array,
+        actor_fitness: Array,
+        key: Array,
+    ) -> tuple[Any, Array, Array, Metrics]: ...
 
 
 def _when_ready(ready: Array, train: Callable[[Any], tuple[Any, Metrics]], state: Any):
@@ -149,9 +160,11 @@ class IndependentAgents:
         population: Array,
         fitness: Array,
         actor_fitness: Array,
-    ) -> tuple[Array, Array, Metrics]:
+        key: Array,
+    ) -> tuple[Any, Array, Array, Metrics]:
         """Every `injection_interval` generations the K actors replace the K worst members,
         taking the fitness of their own (exploratory) rollouts with them."""
+        del key
         inject = (generation + 1) % self.injection_interval == 0
         actors, _ = self.actors(state)
         injected, slots = replace_worst(population, fitness, actors)  # slots [K]
@@ -162,7 +175,7 @@ class IndependentAgents:
             "rl/actor_return_max": jnp.max(actor_fitness),
             "rl/injected": inject.astype(jnp.float32),
         }
-        return population, fitness, metrics
+        return state, population, fitness, metrics
 
 
 @struct.dataclass
@@ -250,9 +263,10 @@ class SharedCritic:
         population: Array,
         fitness: Array,
         actor_fitness: Array,
-    ) -> tuple[Array, Array, Metrics]:
-        del state, generation, actor_fitness
+        key: Array,
+    ) -> tuple[SharedCriticState, Array, Array, Metrics]:
+        del generation, actor_fitness, key
         metrics = {"rl/trained_fitness_mean": jnp.mean(fitness[: self.num_actors])}
         if fitness.shape[0] > self.num_actors:
             metrics["rl/sampled_fitness_mean"] = jnp.mean(fitness[self.num_actors :])
-        return population, fitness, metrics
+        return state, population, fitness, metrics

@@ -12,7 +12,9 @@
     optimizer.tell(population, fitness)
 
 Pure EC has no learner and no buffer; ERL and CEM-RL differ only in the learner they plug in
-(see `_learners.py`) and in the optimizer. `step` is pure and jittable as one computation;
+(see `_learners.py`) and in the optimizer. PBT has a learner and no optimizer: the population is
+empty, the learner's actors are all that is rolled out, and the `ec/fitness_*` metrics
+describe them. `step` is pure and jittable as one computation;
 `jit_workflow` jits it (callers own the jitted functions, nothing is cached on the object) and
 `learn` is the host loop: timing, evaluation, recorders and a per-generation hook for
 checkpoints all stay on the host.
@@ -72,7 +74,7 @@ class WorkflowState:
     generation: Array  # [] int32 generations completed
     env_steps: Array  # [] int32 agent steps sampled so far, warm-up included (< 2**31)
     key: Array  # [2] uint32 PRNG key, split once per generation
-    ec: Any  # the EC optimizer's state (search distribution or population)
+    ec: Any  # the EC optimizer's state (search distribution or population); None without one
     learner: Any = None  # the RL learner's state; None for pure EC
     replay: ReplayState | None = None  # the shared replay buffer; None for pure EC
     # running stats of raw observations (count [], mean and m2 [obs_dim]); None when off
@@ -84,7 +86,8 @@ class Workflow:
     """One evolutionary (and optionally RL) training loop; see the module docstring.
 
     Fields:
-      optimizer: EC optimizer over flat actor parameters `[D]`.
+      optimizer: EC optimizer over flat actor parameters `[D]`; None: the learner's actors
+        are the population (PBT).
       rollout: plays the K fitness episodes of each candidate.
       evaluator: plays the evaluation episodes of the candidate policies (`candidates`).
       init_params: key -> actor parameters (one network initialization).
@@ -100,7 +103,7 @@ class Workflow:
         running statistics in `WorkflowState.obs_stats` (see the module docstring).
     """
 
-    optimizer: EvoOptimizer
+    optimizer: EvoOptimizer | None
     rollout: PopulationRollout
     evaluator: PopulationRollout
     init_params: Callable[[Array], Params]
@@ -116,10 +119,18 @@ class Workflow:
     def __post_init__(self):
         if (self.learner is None) != (self.buffer is None):
             raise ValueError("a learner needs a replay buffer and a buffer needs a learner")
+        if self.optimizer is None and self.learner is None:
+            raise ValueError("a workflow without an EC optimizer needs a learner")
 
     @property
     def env(self) -> Env:
         return self.rollout.env
+
+    @property
+    def num_dims(self) -> int:
+        """D, the length of a flat actor."""
+        key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+        return jax.eval_shape(lambda k: self.flatten(self.init_params(k)), key).shape[0]
 
     # ---- state ---------------------------------------------------------------------------------
 
@@ -127,12 +138,14 @@ class Workflow:
         """The first state; with a learner, also fills the buffer with random transitions
         (unless `warm_up` is False: the state is then shaped alike, the buffer empty)."""
         key, mean_key, ec_key, pop_key, learner_key, warmup_key = jax.random.split(key, 6)
-        mean = self.flatten(self.init_params(mean_key))  # [D]
-        ec_state = self.optimizer.init(ec_key, mean)
-        # Independent network initializations, for an optimizer that keeps a population (ERL's GA).
-        ec_state = self.optimizer.seed_population(
-            ec_state, pop_key, lambda k: self.flatten(self.init_params(k))
-        )
+        ec_state = None
+        if self.optimizer is not None:
+            mean = self.flatten(self.init_params(mean_key))  # [D]
+            ec_state = self.optimizer.init(ec_key, mean)
+            # Independent network initializations, for an optimizer keeping a population (GA).
+            ec_state = self.optimizer.seed_population(
+                ec_state, pop_key, lambda k: self.flatten(self.init_params(k))
+            )
         obs_stats = init_running_stats(self.env.obs_dim) if self.normalize_observations else None
         state = WorkflowState(
             generation=jnp.zeros((), jnp.int32),
@@ -177,7 +190,10 @@ class Workflow:
     def step(self, state: WorkflowState) -> tuple[WorkflowState, Metrics]:
         """One generation; pure, so `jax.jit(workflow.step)` runs it as one computation."""
         key, ask_key, learn_key, rollout_key = jax.random.split(state.key, 4)
-        population, ec_state = self.optimizer.ask(state.ec, ask_key)  # [pop, D]
+        if self.optimizer is not None:
+            population, ec_state = self.optimizer.ask(state.ec, ask_key)  # [pop, D]
+        else:
+            population, ec_state = jnp.zeros((0, self.num_dims), jnp.float32), None
         pop_size = population.shape[0]
         learner_state, replay, metrics = state.learner, state.replay, {}
 
@@ -211,20 +227,29 @@ class Workflow:
         if self.learner is not None:
             transitions = flatten_leading(result.transitions, 3)  # [T * (pop + k) * K, ...]
             replay = self.buffer.add(replay, transitions, result.valid.reshape(-1) > 0)
-            population, fitness, merge_metrics = self.learner.merge(
-                learner_state, state.generation, population, fitness, actor_fitness
+            merge_key = jax.random.fold_in(learn_key, 1)
+            learner_state, population, fitness, merge_metrics = self.learner.merge(
+                learner_state, state.generation, population, fitness, actor_fitness, merge_key
             )
             metrics.update(merge_metrics)
             metrics["replay/size"] = replay.size
 
         obs_stats = state.obs_stats
         if obs_stats is not None:
-            # The population's fitness rollouts only (not the RL actors'), pooled over members.
-            members = jax.tree.map(lambda x: x[:pop_size], result.obs_stats)  # [pop]
+            # The population's fitness rollouts only (not the RL actors' unless they are the
+            # population, as in PBT), pooled over members.
+            pooled = pop_size if self.optimizer is not None else None
+            members = jax.tree.map(lambda x: x[:pooled], result.obs_stats)  # [pop]
             obs_stats = merge_running_stats(obs_stats, reduce_running_stats(members))
             metrics.update(_obs_stats_metrics(obs_stats))
 
-        ec_state, ec_metrics = self.optimizer.tell(ec_state, population, fitness)
+        if self.optimizer is not None:
+            ec_state, ec_metrics = self.optimizer.tell(ec_state, population, fitness)
+        else:  # the learner's actors are the population
+            ec_metrics = {
+                "fitness_max": jnp.max(actor_fitness),
+                "fitness_mean": jnp.mean(actor_fitness),
+            }
         state = WorkflowState(
             generation=state.generation + 1,
             env_steps=state.env_steps + result.env_steps,
@@ -248,12 +273,13 @@ class Workflow:
         """The policies worth deploying `[C, D]`: the optimizer's `best` (mean or elite) first,
         then the learner's own actors (ERL's K agents; CEM-RL's trained actors are members
         already). An ERL distribution's mean blends the injected agents with members of other
-        lineages, so its agents may well be the better policy: evaluation decides."""
-        best = self.optimizer.best(state.ec)[None]  # [1, D]
+        lineages, so its agents may well be the better policy: evaluation decides. Without an
+        optimizer (PBT), the learner's actors alone (`eval/candidate` k: member k)."""
+        best = [] if self.optimizer is None else [self.optimizer.best(state.ec)[None]]  # [1, D]
         if self.learner is None:
-            return best
+            return best[0]
         actors, _ = self.learner.actors(state.learner)  # [K, D]
-        return jnp.concatenate([best, actors])
+        return jnp.concatenate([*best, actors])
 
     def evaluate(self, state: WorkflowState) -> tuple[Metrics, Array]:
         """Returns of the best candidate policy (`candidates`), acting deterministically, over
