@@ -103,42 +103,48 @@ def _policy(url: str):
     return None
 
 
-def evaluate(args: argparse.Namespace) -> int:
-    from evokube_trainer.policies import PlaybackError, evaluate_policy
+def _with_policy(url: str, play) -> int:
+    """Load the policy `url` names and print what `play(artifact)` says of it; a problem is
+    one line on stderr and exit 78, never a traceback."""
+    from evokube_trainer.policies import PlaybackError
 
-    artifact = _policy(args.policy)
+    artifact = _policy(url)
     if artifact is None:
         return exitcodes.PERMANENT
     try:
-        returns = evaluate_policy(artifact, args.episodes, args.seed)
+        print(play(artifact))
     except PlaybackError as err:
         print(f"error: {err}", file=sys.stderr)
         return exitcodes.PERMANENT
-    meta = artifact.metadata
-    env_id = artifact.env_config.name.partition("/")[2]
-    trained = meta.get("evalReturn")
-    trained_text = "not evaluated" if trained is None else f"{trained:.1f}"
-    print(
-        f"{env_id}: return {returns.mean():.1f} ± {returns.std():.1f} over {len(returns)} "
-        f"episodes (policy from generation {meta.get('generation')}, "
-        f"trained return {trained_text})"
-    )
     return exitcodes.SUCCESS
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    from evokube_trainer.policies import evaluate_policy
+
+    def play(artifact) -> str:
+        returns = evaluate_policy(artifact, args.episodes, args.seed)
+        meta = artifact.metadata
+        env_id = artifact.env_config.name.partition("/")[2]
+        trained = meta.get("evalReturn")
+        trained_text = "not evaluated" if trained is None else f"{trained:.1f}"
+        return (
+            f"{env_id}: return {returns.mean():.1f} ± {returns.std():.1f} over {len(returns)} "
+            f"episodes (policy from generation {meta.get('generation')}, "
+            f"trained return {trained_text})"
+        )
+
+    return _with_policy(args.policy, play)
 
 
 def render(args: argparse.Namespace) -> int:
-    from evokube_trainer.policies import PlaybackError, render_policy
+    from evokube_trainer.policies import render_policy
 
-    artifact = _policy(args.policy)
-    if artifact is None:
-        return exitcodes.PERMANENT
-    try:
+    def play(artifact) -> str:
         path = render_policy(artifact, args.output, args.seed)
-    except PlaybackError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return exitcodes.PERMANENT
-    print(f"{artifact.env_config.name}: one episode written to {path}")
-    return exitcodes.SUCCESS
+        return f"{artifact.env_config.name}: one episode written to {path}"
+
+    return _with_policy(args.policy, play)
 
 
 def main(argv: list[str] | None = None) -> int:
