@@ -15,14 +15,16 @@ from evokube_operator.observe import PodView
 from evokube_operator.policies import failure
 from evokube_trainer.runtime import exitcodes
 from tests.operator.factories import job
-from tests.runtime.test_multihost import CEMRL, experiment, finish, history, start_run
+from tests.runtime.test_multihost import CEMRL, PBT, experiment, finish, history, start_run
 
 COMPLETION_INDEX = api.COMPLETION_INDEX_ANNOTATION
 EPISODE = 20  # steps: short generations keep each test's two runs within a minute
 
 
-def first_life(tmp_path, name, hosts, devices, population=8):
-    doc = experiment(name, algorithm=CEMRL, hosts=hosts, devices=devices, generations=1, interval=1)
+def first_life(tmp_path, name, hosts, devices, population=8, algorithm=CEMRL):
+    doc = experiment(
+        name, algorithm=algorithm, hosts=hosts, devices=devices, generations=1, interval=1
+    )
     doc["spec"]["population"]["size"] = population  # divisible by every device count it meets
     doc["spec"]["environment"]["episodeLength"] = EPISODE
     code, out = finish(start_run(tmp_path, doc))
@@ -50,18 +52,22 @@ def checkpoints(tmp_path, name):
 
 
 @pytest.mark.parametrize(
-    ("before", "after", "population", "capacity"),
+    ("before", "after", "population", "capacity", "algorithm"),
     [
-        ((1, 1), (1, 3), 6, "replay capacity 4000 -> 4002"),  # rounded up to 3 shards
-        ((1, 2), (1, 4), 8, None),
-        ((1, 4), (1, 2), 8, None),
-        ((1, 1), (2, 1), 8, None),
+        ((1, 1), (1, 3), 6, "replay capacity 4000 -> 4002", CEMRL),  # rounded up to 3 shards
+        ((1, 2), (1, 4), 8, None, CEMRL),
+        ((1, 4), (1, 2), 8, None, CEMRL),
+        ((1, 1), (2, 1), 8, None, CEMRL),
+        # PBT: 4 learners, each with its own replay buffer and hyperparameters, on new devices.
+        ((1, 2), (1, 4), 4, None, PBT),
     ],
-    ids=["1-to-3-devices", "2-to-4-devices", "4-to-2-devices", "1-to-2-hosts"],
+    ids=["1-to-3-devices", "2-to-4-devices", "4-to-2-devices", "1-to-2-hosts", "pbt-2-to-4"],
 )
-def test_a_resized_run_continues_from_its_checkpoint(tmp_path, before, after, population, capacity):
+def test_a_resized_run_continues_from_its_checkpoint(
+    tmp_path, before, after, population, capacity, algorithm
+):
     name = "resize"
-    doc = first_life(tmp_path, name, *before, population)
+    doc = first_life(tmp_path, name, *before, population, algorithm)
     first = history(tmp_path, name)
 
     resized = changed(doc, generations=3, hosts=after[0], devices=after[1])
