@@ -71,3 +71,22 @@ def test_curve_of_an_experiment_reads_its_checkpoint_location(
     assert main(["curve", "on-a-volume", "--namespace", namespace]) == exitcodes.PERMANENT
     err = capsys.readouterr().err
     assert "keeps its history at /checkpoints/on-a-volume, a path inside its pods" in err
+
+    # No location of its own: the operator's default put it where status.checkpointLocation
+    # says (written here as the operator would), and curve reads it there.
+    body = experiment("defaulted")
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+    defaulted = emulator.url(bucket, "operator-default", namespace, "defaulted")
+    custom.patch_namespaced_custom_object_status(
+        GROUP,
+        VERSION,
+        namespace,
+        PLURAL,
+        "defaulted",
+        {"status": {"checkpointLocation": defaulted}},
+    )
+    fsspec.filesystem(emulator.scheme).put_file(
+        str(tmp_path / "history.jsonl"), f"{defaulted.split('://', 1)[1]}/history.jsonl"
+    )
+    assert main(["curve", "defaulted", "--namespace", namespace]) == exitcodes.SUCCESS
+    assert "defaulted-learning-curve.png: 3 generations" in capsys.readouterr().out
