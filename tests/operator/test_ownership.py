@@ -210,7 +210,8 @@ def test_a_job_deleted_by_hand_starts_the_next_attempt_as_a_preemption(k8s, clus
     )
     assert (status.get("restarts", 0), status["preemptions"]) == (0, 1)
     # The Restarting condition says JobDeleted until the new gang runs (then Recovered);
-    # the Event stays.
+    # the Event, posted just after that status write, stays.
+    k8s.wait_event(namespace, "h", evokube.REASON_JOB_DELETED)
     events = k8s.core.list_namespaced_event(
         namespace, field_selector=f"involvedObject.name=h,reason={evokube.REASON_JOB_DELETED}"
     ).items
