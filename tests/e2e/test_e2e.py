@@ -56,13 +56,12 @@ def check_progress_rose(report: Report) -> None:
     assert best[-1] >= report.target, report
 
 
-def check_policy(stack, namespace: str, report: Report) -> None:
+def check_policy(stack, namespace: str, report: Report, location: str) -> None:
     """status.result names the best policy, which `kubectl get erlx -o wide` shows; its
-    folder (in the checkpoint claim) loads with read_policy alone and plays CartPole."""
+    folder (under the checkpoint `location`, a claim's folder or a bucket URL) loads with
+    read_policy alone and plays CartPole."""
     result = report.status["result"]
-    # A real pod reports /checkpoints/policies/best; the pod runner hands the trainer the
-    # claim's folder instead of the mount path /checkpoints (tests/e2e/podrunner.py).
-    assert result["policyURI"] == str(stack.claims[namespace] / "policies" / "best"), report
+    assert result["policyURI"] == f"{location}/policies/best", report
     assert 0 < result["generation"] <= report.status["progress"]["generation"], report
     wide = table_columns(*stack.get_row(namespace, NAME, "-o", "wide"))
     assert wide["POLICY"] == result["policyURI"], wide
@@ -93,7 +92,9 @@ def test_a_killed_trainer_restarts_the_gang_from_its_checkpoint_to_the_target(st
     assert (status["restarts"], status.get("preemptions", 0)) == (1, 0), report
     assert status["jobName"] == f"{NAME}-1"
     check_progress_rose(report)
-    check_policy(stack, e2e_namespace, report)
+    # A real pod reports /checkpoints/policies/best; the pod runner hands the trainer the
+    # claim's folder instead of the mount path /checkpoints (tests/e2e/podrunner.py).
+    check_policy(stack, e2e_namespace, report, str(stack.claims[e2e_namespace]))
     check_one_job_per_attempt(report, 2)
     # The SIGKILLed process's pod failed with 137, which the operator retries (counted).
     assert report.endings[_pod(report, 0, 1)] == (137, False), report.endings
@@ -122,10 +123,11 @@ def bucket_emulator(request, tmp_path_factory):
 
 
 def test_a_killed_trainer_resumes_from_a_bucket_on_fresh_pods(
-    stack, e2e_namespace, bucket_emulator
+    stack, e2e_namespace, bucket_emulator, monkeypatch
 ):
     """No claim, no shared disk: the new gang's pods find the checkpoints in the bucket
-    (fake-gcs-server for gs://, moto for s3://; the pods reach it through spec.env)."""
+    (fake-gcs-server for gs://, moto for s3://; the pods reach it through spec.env), and
+    the best policy they exported there loads from its gs:// or s3:// URI."""
     emulator = bucket_emulator
     report = scenarios.killed_trainer_in_a_bucket(stack, e2e_namespace, Timeline(), emulator)
     fs, location = emulator.filesystem(), emulator.url("e2e-checkpoints", e2e_namespace, NAME)
@@ -141,6 +143,16 @@ def test_a_killed_trainer_resumes_from_a_bucket_on_fresh_pods(
     }
     assert str(status["progress"]["lastCheckpoint"]) in steps, steps
     assert fs.find(f"e2e-checkpoints/{e2e_namespace}/{NAME}/xla-cache")
+    # As a laptop would read it: the emulator's settings in the environment, and no client
+    # cached by earlier tests that pointed elsewhere.
+    for variable, value in emulator.env.items():
+        monkeypatch.setenv(variable, value)
+    fs_class = type(fs)
+    fs_class.clear_instance_cache()
+    try:
+        check_policy(stack, e2e_namespace, report, location)
+    finally:
+        fs_class.clear_instance_cache()
 
 
 def test_an_evicted_trainer_checkpoints_on_sigterm_and_the_restart_is_not_counted(
