@@ -279,8 +279,10 @@ def test_cma_es_learns_an_ill_conditioned_covariance():
 
 
 # 8 jitted generations on Rastrigin: what `best` gave before CMA-ES and the GA were split into
-# parts and IPOP was added. The code matches them bit for bit on CPU; the tolerance only absorbs
-# rounding changes across XLA versions, not a changed update.
+# parts and IPOP was added. The code matched them bit for bit on the CPU they were recorded on.
+# XLA's CPU code follows the processor's vector units, and 8 generations on Rastrigin grow its
+# last-bit differences: on an AVX-512 EPYC CMA-ES's best moves by 8e-6. The tolerance absorbs
+# that, not a changed update: init_sigma 1.0001 instead of 1.0 moves it by 1.9e-4.
 BEFORE_REFACTORING = {
     "cma_es": (CMAES(8, 4, init_sigma=1.0), [0.7421751, 0.42814958, 0.04427411, 0.5776002]),
     "sep_cma_es": (SepCMAES(8, 4, init_sigma=1.0), [0.85762864, 0.24189624, 0.4909663, 0.41776228]),
@@ -295,7 +297,7 @@ BEFORE_REFACTORING = {
 def test_outputs_are_what_they_were_before_refactoring(name):
     opt, expected = BEFORE_REFACTORING[name]
     state, _ = run_scan(opt, rastrigin, jnp.full((4,), 2.0), 8)
-    np.testing.assert_allclose(opt.best(state), expected, rtol=1e-5)
+    np.testing.assert_allclose(opt.best(state), expected, rtol=1e-5, atol=5e-5)
 
 
 def test_ipop_restarts_inside_jit_and_scan():
