@@ -76,7 +76,10 @@ class AutoReset(Wrapper):
 
     def step(self, state: EnvState, action: jax.Array) -> EnvState:
         inner: AutoResetInner = state.inner
-        key, reset_key = jax.random.split(inner.key)
+        if self.mode == "disabled":  # never resets: no key to draw (a TPU pays per split)
+            key = reset_key = inner.key
+        else:
+            key, reset_key = jax.random.split(inner.key)
         nxt = self.env.step(inner.env, action)
         steps = inner.steps + 1
         episode_return = inner.episode_return + nxt.reward

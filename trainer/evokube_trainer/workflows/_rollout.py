@@ -11,7 +11,8 @@ Exploration: each member has a scale (`noise_std`, 0 for the population's determ
 policies); every step draws standard normal noise `[N, K, act]` and a member acts
 `explore(params, obs, noise, scale)`: the agent's own exploration (TD3: additive Gaussian noise
 of std `scale`; SAC: a sample of its stochastic actor), or additive noise on `policy` when the
-rollout has no `explore`.
+rollout has no `explore`. `noise_std=None` means every member acts with `policy` alone: no noise
+is drawn (on a TPU the per-step draw was a quarter of a Pendulum rollout's time).
 
 Observation normalization: given `obs_stats`, every policy call sees
 `normalize_obs(obs_stats, obs)` while the env, the transitions and the recorded statistics keep
@@ -107,7 +108,7 @@ class PopulationRollout:
     def run(
         self,
         flat_params: Array,
-        noise_std: Array,
+        noise_std: Array | None,
         key: Array,
         *,
         collect_transitions: bool = False,
@@ -116,9 +117,10 @@ class PopulationRollout:
         record_states: bool = False,
     ) -> RolloutResult:
         """`flat_params` `[N, D]`; `noise_std` `[N]` exploration scale per member (0 for the
-        deterministic policy; see `act`). `obs_stats`: the (frozen) statistics the policy's
-        observations are normalized with; None feeds raw observations. `collect_obs_stats`:
-        also return each member's statistics of the raw observations it acted on.
+        deterministic policy; see `act`), or None when every member acts deterministically.
+        `obs_stats`: the (frozen) statistics the policy's observations are normalized with;
+        None feeds raw observations. `collect_obs_stats`: also return each member's statistics
+        of the raw observations it acted on.
         `record_states`: also return the env states acted on (`RolloutResult.states`)."""
         num_members = flat_params.shape[0]
         params = jax.vmap(self.unflatten)(flat_params)  # leaves [N, ...]
@@ -133,8 +135,11 @@ class PopulationRollout:
             state, seen = carry
             obs = state.obs  # [N, K, obs] raw
             policy_obs = obs if obs_stats is None else normalize_obs(obs_stats, obs)
-            noise = jax.random.normal(step_key, (*obs.shape[:-1], self.env.action_dim))
-            action = jax.vmap(self.act)(params, policy_obs, noise, noise_std)  # [N, K, act]
+            if noise_std is None:
+                action = jax.vmap(self.policy)(params, policy_obs)  # [N, K, act]
+            else:
+                noise = jax.random.normal(step_key, (*obs.shape[:-1], self.env.action_dim))
+                action = jax.vmap(self.act)(params, policy_obs, noise, noise_std)
             nxt = jax.vmap(self.env.step)(state, action)
             valid = 1.0 - nxt.info["frozen"]  # [N, K]: obs was acted on in a live episode
             if seen is not None:
