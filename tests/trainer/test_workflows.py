@@ -24,6 +24,7 @@ from evokube_trainer.workflows import (
     ERLConfig,
     ReplayConfig,
     SharedCriticState,
+    StopAt,
     jit_workflow,
     make_workflow,
 )
@@ -407,13 +408,66 @@ def test_step_is_one_jitted_call_that_does_not_retrace(tiny_erl):
         state, _ = step(state)
     assert len(traces) == 1  # the state's types are stable: the output feeds the input
 
-    # The same holds for the jitted step `learn` drives.
+    # The same holds for the jitted chunks `learn` drives, whatever their length.
     recorder = MemoryRecorder()
-    fns.step(state)  # compiled for this state's types (other tests may have added entries)
-    compiled = fns.step._cache_size()
-    workflow.learn(state, stop=lambda m: m["generation"] >= 6, recorders=[recorder], jitted=fns)
-    assert [g for g, _ in recorder.records] == [4, 5, 6]
-    assert fns.step._cache_size() == compiled
+    learn = functools.partial(workflow.learn, recorders=[recorder], jitted=fns, eval_every=0)
+    state = learn(state, stop=lambda m: m["generation"] >= 4)  # compiles `steps`
+    compiled = fns.steps._cache_size()
+    learn(state, stop=lambda m: m["generation"] >= 9, chunk=lambda generation: 2)
+    assert [g for g, _ in recorder.records] == [4, 5, 6, 7, 8, 9]
+    assert fns.steps._cache_size() == compiled
+
+
+def test_learning_in_chunks_computes_what_one_generation_at_a_time_does(tiny_erl):
+    workflow, fns = tiny_erl
+    runs = {}
+    for chunk in (None, lambda generation: min(3, 7 - generation)):  # never past the stop
+        recorder, hooked, evaluated = MemoryRecorder(), [], []
+        workflow.learn(
+            fns.init(jax.random.PRNGKey(4)),
+            stop=lambda m: m["generation"] >= 7,
+            recorders=[recorder],
+            on_generation=lambda s, m, hooked=hooked: hooked.append(int(s.generation)),
+            on_evaluation=lambda s, p, m, evaluated=evaluated: evaluated.append(m["generation"]),
+            eval_every=2,
+            jitted=fns,
+            chunk=chunk,
+        )
+        timeless = [
+            {k: v for k, v in m.items() if not k.startswith("time/")} for _, m in recorder.records
+        ]
+        runs["chunks" if chunk else "single"] = (timeless, hooked, evaluated)
+    single, chunks = runs["single"], runs["chunks"]
+    assert chunks[0] == single[0]  # every generation's metrics, evaluations included
+    assert single[1] == [1, 2, 3, 4, 5, 6, 7]
+    # A chunk ends at every evaluation (and the first one compiles alone): 1, 2 | 3, 4 | ...
+    assert chunks[1] == [1, 2, 4, 6, 7]
+    assert chunks[2] == single[2] == [2, 4, 6]
+
+
+def test_a_chunk_ends_after_the_generation_that_reaches_stop_at(tiny_erl):
+    workflow, fns = tiny_erl
+    state = fns.init(jax.random.PRNGKey(0))  # 256 warm-up steps, then 240 per generation
+    stop_at = StopAt.of(env_steps=256 + 2 * 240)
+    state, rows, done = fns.steps(state, *workflow.chunk_arguments(10, stop_at))
+    assert int(done) == 2 and int(state.generation) == 2
+    assert rows["generation"][:3].tolist() == [1, 2, 0]  # rows past the last are zero
+    state, _, done = fns.steps(state, *workflow.chunk_arguments(3, StopAt.of(fitness=np.inf)))
+    assert int(done) == 3  # nothing reached: the whole count ran
+
+
+def test_a_deterministic_population_draws_no_exploration_noise():
+    workflow = make_workflow(
+        ECConfig(env=SHORT_PENDULUM, pop_size=4, actor_hidden_sizes=(8,), optimizer="open_es")
+    )
+    state = workflow.init(jax.random.PRNGKey(0))
+    members, _ = workflow.optimizer.ask(state.ec, jax.random.PRNGKey(1))
+    key = jax.random.PRNGKey(2)
+    none = workflow.rollout.run(members, None, key)
+    zero = workflow.rollout.run(members, jnp.zeros((4,)), key)
+    np.testing.assert_array_equal(none.episode_returns, zero.episode_returns)
+    text = jax.jit(lambda m, k: workflow.rollout.run(m, None, k).episode_returns)
+    assert "erf_inv" not in text.lower(members, key).as_text()  # no normal draws at all
 
 
 def test_learn_calls_the_hook_and_stops_on_env_steps(tiny_erl):

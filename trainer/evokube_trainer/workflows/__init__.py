@@ -5,9 +5,10 @@
     stop = lambda metrics: metrics["generation"] >= 50
     state = workflow.learn(state, stop=stop, recorders=[ConsoleRecorder()])
 
-`Workflow.step` (one generation) and `Workflow.evaluate` are pure; `jit_workflow` jits them and
-`learn` drives them from the host. `DeviceLayout` spreads a generation over many devices and
-processes. States are plain pytrees; `runtime.checkpoints` saves and restores them with Orbax.
+`Workflow.step` (one generation), `Workflow.steps` (several in one computation) and
+`Workflow.evaluate` are pure; `jit_workflow` jits them and `learn` drives them from the host.
+`DeviceLayout` spreads a generation over many devices and processes. States are plain pytrees;
+`runtime.checkpoints` saves and restores them with Orbax.
 """
 
 from evokube_trainer.workflows._configs import (
@@ -34,14 +35,19 @@ from evokube_trainer.workflows._learners import (
 from evokube_trainer.workflows._pbt import PBTState, PopulationBasedTraining
 from evokube_trainer.workflows._rollout import PopulationRollout, RolloutResult, random_transitions
 from evokube_trainer.workflows._workflow import (
+    CHUNK_CAPACITY,
+    PARTS,
     JittedWorkflow,
+    StopAt,
     Workflow,
     WorkflowState,
     jit_workflow,
 )
 
 __all__ = [
+    "CHUNK_CAPACITY",
     "OPTIMIZERS",
+    "PARTS",
     "CEMRLConfig",
     "DeviceLayout",
     "ECConfig",
@@ -58,6 +64,7 @@ __all__ = [
     "RolloutResult",
     "SharedCritic",
     "SharedCriticState",
+    "StopAt",
     "Workflow",
     "WorkflowState",
     "actor_network",

@@ -68,6 +68,13 @@ Array = jax.Array
 Params = Any
 Metrics = dict[str, Array]
 
+# The named scopes (`jax.named_scope`) of a generation's parts, in the order `step` runs them;
+# a profile's device time is attributed to them by its ops' names (benchmarks/chip_bench.py).
+PARTS = ("ask", "rl_update", "rollout", "replay_add", "merge", "tell")
+# The most generations one call of `Workflow.steps` runs (`jit_workflow` compiles for it; its
+# metrics rows are this long).
+CHUNK_CAPACITY = 64
+
 
 @struct.dataclass
 class WorkflowState:
@@ -79,6 +86,23 @@ class WorkflowState:
     replay: ReplayState | None = None  # the shared replay buffer; None for pure EC
     # running stats of raw observations (count [], mean and m2 [obs_dim]); None when off
     obs_stats: RunningStats | None = None
+
+
+@struct.dataclass
+class StopAt:
+    """Where `Workflow.steps` ends a run of generations early, on the device: once the env
+    steps (warm-up included) reach `env_steps`, or the best fitness reaches `fitness`."""
+
+    env_steps: Array  # [] int32
+    fitness: Array  # [] float32
+
+    @classmethod
+    def of(cls, env_steps: int | None = None, fitness: float | None = None) -> StopAt:
+        """Thresholds from optional limits (None: never)."""
+        return cls(
+            env_steps=np.int32(np.iinfo(np.int32).max if env_steps is None else env_steps),
+            fitness=np.float32(np.inf if fitness is None else fitness),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,49 +212,53 @@ class Workflow:
     # ---- one generation ------------------------------------------------------------------------
 
     def step(self, state: WorkflowState) -> tuple[WorkflowState, Metrics]:
-        """One generation; pure, so `jax.jit(workflow.step)` runs it as one computation."""
+        """One generation; pure, so `jax.jit(workflow.step)` runs it as one computation. Its
+        parts run under the named scopes of `PARTS` (profiles attribute device time by them)."""
         key, ask_key, learn_key, rollout_key = jax.random.split(state.key, 4)
-        if self.optimizer is not None:
-            population, ec_state = self.optimizer.ask(state.ec, ask_key)  # [pop, D]
-        else:
-            population, ec_state = jnp.zeros((0, self.num_dims), jnp.float32), None
+        with jax.named_scope("ask"):
+            if self.optimizer is not None:
+                population, ec_state = self.optimizer.ask(state.ec, ask_key)  # [pop, D]
+            else:
+                population, ec_state = jnp.zeros((0, self.num_dims), jnp.float32), None
         pop_size = population.shape[0]
         learner_state, replay, metrics = state.learner, state.replay, {}
 
+        noise_std = None  # pure EC: every candidate acts deterministically
+        candidates = population
         if self.learner is not None:
-            learner_state, population, learn_metrics = self.learner.improve(
-                learner_state, replay, population, learn_key, obs_stats=state.obs_stats
-            )
+            with jax.named_scope("rl_update"):
+                learner_state, population, learn_metrics = self.learner.improve(
+                    learner_state, replay, population, learn_key, obs_stats=state.obs_stats
+                )
             metrics.update(learn_metrics)
             extra, extra_noise = self.learner.actors(learner_state)  # [k, D], [k]
-        else:
-            extra = jnp.zeros((0, population.shape[1]), population.dtype)
-            extra_noise = jnp.zeros((0,), jnp.float32)
-
-        candidates = jnp.concatenate([population, extra])  # [pop + k, D]
+            candidates = jnp.concatenate([population, extra])  # [pop + k, D]
+            noise_std = jnp.concatenate([jnp.zeros((pop_size,), jnp.float32), extra_noise])
         if self.layout is not None:
             candidates = self.layout.population(candidates)  # rollouts split over devices
-        noise_std = jnp.concatenate([jnp.zeros((pop_size,), jnp.float32), extra_noise])
-        result = self.rollout.run(
-            candidates,
-            noise_std,
-            rollout_key,
-            collect_transitions=self.learner is not None,
-            obs_stats=state.obs_stats,
-            collect_obs_stats=state.obs_stats is not None,
-        )
+        with jax.named_scope("rollout"):
+            result = self.rollout.run(
+                candidates,
+                noise_std,
+                rollout_key,
+                collect_transitions=self.learner is not None,
+                obs_stats=state.obs_stats,
+                collect_obs_stats=state.obs_stats is not None,
+            )
         all_fitness = episode_returns_to_fitness(
             result.episode_returns, reduction=self.fitness_reduction
         )  # [pop + k]
         fitness, actor_fitness = all_fitness[:pop_size], all_fitness[pop_size:]
 
         if self.learner is not None:
-            transitions = flatten_leading(result.transitions, 3)  # [T * (pop + k) * K, ...]
-            replay = self.buffer.add(replay, transitions, result.valid.reshape(-1) > 0)
+            with jax.named_scope("replay_add"):
+                transitions = flatten_leading(result.transitions, 3)  # [T * (pop + k) * K, ...]
+                replay = self.buffer.add(replay, transitions, result.valid.reshape(-1) > 0)
             merge_key = jax.random.fold_in(learn_key, 1)
-            learner_state, population, fitness, merge_metrics = self.learner.merge(
-                learner_state, state.generation, population, fitness, actor_fitness, merge_key
-            )
+            with jax.named_scope("merge"):
+                learner_state, population, fitness, merge_metrics = self.learner.merge(
+                    learner_state, state.generation, population, fitness, actor_fitness, merge_key
+                )
             metrics.update(merge_metrics)
             metrics["replay/size"] = replay.size
 
@@ -243,13 +271,14 @@ class Workflow:
             obs_stats = merge_running_stats(obs_stats, reduce_running_stats(members))
             metrics.update(_obs_stats_metrics(obs_stats))
 
-        if self.optimizer is not None:
-            ec_state, ec_metrics = self.optimizer.tell(ec_state, population, fitness)
-        else:  # the learner's actors are the population
-            ec_metrics = {
-                "fitness_max": jnp.max(actor_fitness),
-                "fitness_mean": jnp.mean(actor_fitness),
-            }
+        with jax.named_scope("tell"):
+            if self.optimizer is not None:
+                ec_state, ec_metrics = self.optimizer.tell(ec_state, population, fitness)
+            else:  # the learner's actors are the population
+                ec_metrics = {
+                    "fitness_max": jnp.max(actor_fitness),
+                    "fitness_mean": jnp.mean(actor_fitness),
+                }
         state = WorkflowState(
             generation=state.generation + 1,
             env_steps=state.env_steps + result.env_steps,
@@ -266,6 +295,49 @@ class Workflow:
         metrics["generation"] = state.generation
         metrics["env_steps"] = state.env_steps
         return state, metrics
+
+    def steps(
+        self, state: WorkflowState, count: Array, stop_at: StopAt, *, capacity: int
+    ) -> tuple[WorkflowState, Metrics, Array]:
+        """Up to `count` generations (`count <= capacity`, both counted from here) as one
+        computation, so the host dispatches and syncs once for all of them. It ends early
+        after a generation that reaches `stop_at` or whose mean fitness is not finite, exactly
+        where a host checking every generation would stop.
+
+        Returns the last state, each generation's metrics stacked `[capacity]` (rows past the
+        executed ones are zero) and how many ran `[]`. Every generation runs through the same
+        loop body whatever `count` is, so how a run is cut into calls never changes its
+        numbers."""
+        _, shapes = jax.eval_shape(self.step, state)
+        rows = jax.tree.map(lambda s: jnp.zeros((capacity, *s.shape), s.dtype), shapes)
+
+        def more(carry) -> Array:
+            done, _, _, stopped = carry
+            return (done < count) & ~stopped
+
+        def generation(carry):
+            done, state, rows, _ = carry
+            state, metrics = self.step(state)
+            rows = jax.tree.map(lambda row, value: row.at[done].set(value), rows, metrics)
+            stopped = (
+                (metrics["env_steps"] >= stop_at.env_steps)
+                | (metrics["ec/fitness_max"] >= stop_at.fitness)
+                | ~jnp.isfinite(metrics["ec/fitness_mean"])
+            )
+            return done + 1, state, rows, stopped
+
+        start = (jnp.zeros((), jnp.int32), state, rows, jnp.zeros((), jnp.bool_))
+        done, state, rows, _ = jax.lax.while_loop(more, generation, start)
+        return state, rows, done
+
+    def chunk_arguments(self, count: int, stop_at: StopAt) -> tuple[Array, StopAt]:
+        """`steps`' host arguments as it is called (and compiled): on a layout, global arrays
+        replicated over every device of every process."""
+        count = np.int32(count)
+        if self.layout is None:
+            return count, stop_at
+        place = self.layout.put_replicated
+        return place(count), jax.tree.map(lambda value: place(np.asarray(value)), stop_at)
 
     # ---- evaluation ----------------------------------------------------------------------------
 
@@ -288,10 +360,7 @@ class Workflow:
         The key is derived from the state's, which is left unchanged."""
         params = self.candidates(state)  # [C, D]
         key = jax.random.fold_in(state.key, 0x5EED)
-        num = params.shape[0]
-        result = self.evaluator.run(
-            params, jnp.zeros((num,), jnp.float32), key, obs_stats=state.obs_stats
-        )
+        result = self.evaluator.run(params, None, key, obs_stats=state.obs_stats)
         pick = jnp.argmax(jnp.mean(result.episode_returns, axis=1))
         returns = result.episode_returns[pick]  # [E]
         metrics = {
@@ -316,43 +385,61 @@ class Workflow:
         on_evaluation: Callable[[WorkflowState, Array, Mapping[str, float]], None] | None = None,
         eval_every: int = 1,
         jitted: JittedWorkflow | None = None,
+        chunk: Callable[[int], int] | None = None,
+        stop_at: StopAt | None = None,
     ) -> WorkflowState:
         """Runs generations until `stop(metrics)` is true; returns the last state.
 
-        Host side, once per generation: fetch the step's metrics, evaluate the deployable policy
-        every `eval_every` generations (0: never) and pass the evaluated candidate `[D]` (on
-        the device, replicated) to `on_evaluation(state, policy, metrics)` (the policy export
-        hook), add timing metrics, write every recorder, then call `on_generation(state,
-        metrics)` (the checkpoint hook). Pass `jitted` to reuse compiled functions across
-        calls; recorders are not closed here. Timing metrics of the first generation include
+        Generations run in chunks, each one call of `steps` (one dispatch, one sync):
+        `chunk(generation)` says how many may run from `generation` on before the host next
+        needs the state (None: one at a time); chunks also end at every evaluation, and early
+        where `stop_at` says (pass the thresholds `stop` checks, so that a chunk never runs
+        past them). The first chunk of a call is one generation (it compiles).
+
+        Host side, per chunk: fetch every generation's metrics, then for each generation add
+        timing metrics (the chunk's time shared out) and write every recorder; after the last
+        one, evaluate the deployable policy when due (every `eval_every` generations; 0:
+        never) and pass the evaluated candidate `[D]` (on the device, replicated) to
+        `on_evaluation(state, policy, metrics)` (the policy export hook), then call
+        `on_generation(state, metrics)` (the checkpoint hook) and `stop(metrics)` with the
+        last generation's metrics. Pass `jitted` to reuse compiled functions across calls;
+        recorders are not closed here. Timing metrics of the first generation include
         compilation unless `jitted` has already run this workflow.
         """
         fns = jitted if jitted is not None else jit_workflow(self)
         recorders = tuple(recorders)
+        stop_at = stop_at if stop_at is not None else StopAt.of()
+        generation = int(jax.device_get(state.generation))
         env_steps = int(jax.device_get(state.env_steps))
+        count = 1
         while True:
+            if eval_every:
+                count = min(count, eval_every - generation % eval_every)
             start = time.perf_counter()
-            state, step_metrics = fns.step(state)
-            metrics = _to_host(step_metrics)  # waits for the generation to finish
-            step_seconds = time.perf_counter() - start
-            generation = int(metrics["generation"])
-            if eval_every and generation % eval_every == 0:
-                eval_metrics, policy = fns.evaluate(state)
-                metrics.update(_to_host(eval_metrics))
-                if on_evaluation is not None:
-                    on_evaluation(state, policy, metrics)
-            metrics["time/step_s"] = step_seconds
-            metrics["time/generations_per_s"] = 1.0 / max(step_seconds, 1e-9)
-            metrics["time/env_steps_per_s"] = (metrics["env_steps"] - env_steps) / max(
-                step_seconds, 1e-9
-            )
-            env_steps = metrics["env_steps"]
-            for recorder in recorders:
-                recorder.write(generation, metrics)
+            state, rows, done = fns.steps(state, *self.chunk_arguments(count, stop_at))
+            rows, done = jax.device_get((rows, done))  # waits for the chunk to finish
+            step_seconds = (time.perf_counter() - start) / int(done)
+            for row in range(int(done)):
+                metrics = {name: _scalar(values[row]) for name, values in rows.items()}
+                generation = int(metrics["generation"])
+                if row == done - 1 and eval_every and generation % eval_every == 0:
+                    eval_metrics, policy = fns.evaluate(state)
+                    metrics.update(_to_host(eval_metrics))
+                    if on_evaluation is not None:
+                        on_evaluation(state, policy, metrics)
+                metrics["time/step_s"] = step_seconds
+                metrics["time/generations_per_s"] = 1.0 / max(step_seconds, 1e-9)
+                metrics["time/env_steps_per_s"] = (metrics["env_steps"] - env_steps) / max(
+                    step_seconds, 1e-9
+                )
+                env_steps = metrics["env_steps"]
+                for recorder in recorders:
+                    recorder.write(generation, metrics)
             if on_generation is not None:
                 on_generation(state, metrics)
             if stop(metrics):
                 return state
+            count = max(1, min(chunk(generation), CHUNK_CAPACITY)) if chunk else 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -362,6 +449,8 @@ class JittedWorkflow:
     init: Callable[[Array], WorkflowState]
     step: Callable[[WorkflowState], tuple[WorkflowState, Metrics]]
     evaluate: Callable[[WorkflowState], tuple[Metrics, Array]]
+    # (state, count, stop_at) -> (state, metrics [CHUNK_CAPACITY], generations run): `steps`
+    steps: Callable[[WorkflowState, Array, StopAt], tuple[WorkflowState, Metrics, Array]]
 
 
 def jit_workflow(workflow: Workflow, *, donate: bool = False) -> JittedWorkflow:
@@ -377,6 +466,7 @@ def jit_workflow(workflow: Workflow, *, donate: bool = False) -> JittedWorkflow:
     """
     layout = workflow.layout
     donated = (0,) if donate else ()
+    steps = functools.partial(workflow.steps, capacity=CHUNK_CAPACITY)
     if layout is None:
         # A committed init state, like one restored from a checkpoint: both then compile to the
         # same `step`, so a restart finds the first run's program in the compilation cache.
@@ -385,6 +475,7 @@ def jit_workflow(workflow: Workflow, *, donate: bool = False) -> JittedWorkflow:
             init=jax.jit(workflow.init, out_shardings=device),
             step=jax.jit(workflow.step, donate_argnums=donated),
             evaluate=jax.jit(workflow.evaluate),
+            steps=jax.jit(steps, donate_argnums=donated),
         )
     states = layout.state_shardings(workflow.state_shapes())
     init = jax.jit(workflow.init, in_shardings=layout.replicated, out_shardings=states)
@@ -398,6 +489,12 @@ def jit_workflow(workflow: Workflow, *, donate: bool = False) -> JittedWorkflow:
         ),
         evaluate=jax.jit(
             workflow.evaluate, in_shardings=(states,), out_shardings=layout.replicated
+        ),
+        steps=jax.jit(
+            steps,
+            in_shardings=(states, layout.replicated, layout.replicated),
+            out_shardings=(states, layout.replicated, layout.replicated),
+            donate_argnums=donated,
         ),
     )
 
