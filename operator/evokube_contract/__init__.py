@@ -39,11 +39,14 @@ MANIFEST_FILE: Final = "experiment.yaml"
 MANIFEST_PATH: Final = f"{MANIFEST_DIR}/{MANIFEST_FILE}"
 # The root filesystem is read-only: an emptyDir here is the trainer's scratch space and its HOME.
 SCRATCH_DIR: Final = "/tmp"
-# Under the checkpoint location: Orbax's checkpoints, the XLA cache, process 0's history and
+# Under the checkpoint location: Orbax's checkpoints, the XLA cache and the trainer's compiled
+# programs, process 0's history and
 # its TensorBoard event files, exported policies (policies/best/, policies/generation-<N>/;
 # docs/trainer-design.md).
 CHECKPOINTS_SUBDIR: Final = "checkpoints"
 XLA_CACHE_SUBDIR: Final = "xla-cache"
+# Serialized executables of the generation programs: a restart loads them (no tracing).
+EXECUTABLES_SUBDIR: Final = "executables"
 HISTORY_FILE: Final = "history.jsonl"
 TENSORBOARD_SUBDIR: Final = "tensorboard"
 POLICIES_SUBDIR: Final = "policies"

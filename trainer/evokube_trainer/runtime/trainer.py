@@ -16,6 +16,7 @@ generation").
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -29,13 +30,19 @@ from dataclasses import dataclass, field
 import jax
 import numpy as np
 
-from evokube_contract import CHECKPOINTS_SUBDIR, POLICIES_SUBDIR, XLA_CACHE_SUBDIR
+from evokube_contract import (
+    CHECKPOINTS_SUBDIR,
+    EXECUTABLES_SUBDIR,
+    POLICIES_SUBDIR,
+    XLA_CACHE_SUBDIR,
+)
 from evokube_trainer import __version__
 from evokube_trainer.policies import PolicyExporter, network_config
 from evokube_trainer.recorders import Recorder
 from evokube_trainer.runtime import exitcodes, objectstore
 from evokube_trainer.runtime.checkpoints import Checkpointer, enable_compilation_cache
 from evokube_trainer.runtime.config import PBT_HYPERPARAMETERS, RunConfig, to_environment_spec
+from evokube_trainer.runtime.executables import ExecutableStore, fingerprint
 from evokube_trainer.runtime.metrics import TrainerMetrics
 from evokube_trainer.runtime.status import StatusReporter
 from evokube_trainer.workflows import actor_network
@@ -44,6 +51,11 @@ log = logging.getLogger(__name__)
 
 # Why a run stops; the agreed reason is the largest code any process raised.
 CONTINUE, STOP_DONE, STOP_PREEMPTED = 0, 1, 2
+# Generations run in chunks of one dispatch each (`Workflow.learn`), sized so that a chunk takes
+# about this long (and at most an eighth of the grace period): short generations (ms on a TPU)
+# then cost one host round trip per chunk, not per generation, while a SIGTERM, a stop and
+# progress reports still wait at most this long.
+CHUNK_SECONDS = 1.0
 
 
 @dataclass
@@ -133,8 +145,32 @@ class _Generations:
     # Generations too long to finish after a SIGTERM: each one is checkpointed, and a
     # SIGTERM during the next ends the process at once.
     long_generations: bool = False
-    last_generation_at: float | None = None  # when the previous generation ended, this life
+    last_generation_at: float | None = None  # when the previous chunk ended, this life
+    next_chunk: int = 1  # generations the next chunk may run, agreed by every process
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def write(self, generation: int, host: Mapping[str, float]) -> None:
+        """A recorder of `Workflow.learn`: every generation's metrics, also those inside a
+        chunk, go to Prometheus."""
+        del generation
+        new_steps = host["env_steps"] - self.env_steps
+        self.env_steps = int(host["env_steps"])
+        self.metrics.record_generation(host, host["time/step_s"], new_steps)
+
+    def close(self) -> None:
+        pass
+
+    def chunk(self, generation: int) -> int:
+        """How many generations may run from `generation` on before the host needs the
+        state: never past maxGenerations or a checkpoint that is due; one at a time while
+        generations are long; otherwise as many as the agreed `next_chunk`."""
+        count = self.next_chunk
+        if self.config.max_generations:
+            count = min(count, self.config.max_generations - generation)
+        if self.checkpointer is not None:
+            interval = self.checkpointer.interval
+            count = min(count, interval - generation % interval)
+        return max(count, 1)
 
     def on_evaluation(self, state, policy, host: Mapping[str, float]) -> None:
         """Exports the evaluated policy (process 0; every process ran the evaluation)."""
@@ -153,17 +189,19 @@ class _Generations:
         generation = int(host["generation"])
         if not math.isfinite(host.get("ec/fitness_mean", 0.0)):
             raise exitcodes.PermanentError(f"training diverged at generation {generation}")
-        new_steps = host["env_steps"] - self.env_steps
-        self.env_steps = int(host["env_steps"])
-        self.metrics.record_generation(host, host["time/step_s"], new_steps)
         code, reason = local_stop_code(self.config, host, self.started, self.flags)
-        # Finishing a generation (with its evaluation) and saving it after a SIGTERM must fit
-        # the grace period twice. The first generation of a life includes compilation.
+        # Finishing a chunk of generations (with its evaluation) and saving it after a SIGTERM
+        # must fit the grace period twice. The first generation of a life includes compilation.
         now = time.monotonic()
         took = now - self.last_generation_at if self.last_generation_at else 0.0
         self.last_generation_at = now
         too_long = 2 * (took + self.save_s) > self.config.grace_s
-        self.code, long_generations = agree(code, int(too_long))
+        per_generation = max(host["time/step_s"], 1e-6)
+        fits = int(min(CHUNK_SECONDS, self.config.grace_s / 8) / per_generation)
+        # One all-reduce agrees on all three; the chunk size as its negation (agree takes the
+        # largest), since every process must run the same chunks of the one computation.
+        self.code, long_generations, fewest = agree(code, int(too_long), -max(fits, 1))
+        self.next_chunk = -fewest
         if long_generations and not self.long_generations:
             log.warning(
                 "a generation takes %.1fs and a save %.1fs against a %.1fs grace period: "
@@ -173,6 +211,8 @@ class _Generations:
                 self.config.grace_s,
             )
         self.long_generations = bool(long_generations) and self.checkpointer is not None
+        if self.long_generations:
+            self.next_chunk = 1
         self.reason = reason or ("a peer was preempted" if self.code == STOP_PREEMPTED else "")
         self.generation = generation
         if self.checkpointer and (
@@ -223,7 +263,7 @@ def train(
     In a multi-host run, `distributed.initialize` must have been called first (before
     anything touches a JAX backend); every process then calls `train` alike.
     """
-    from evokube_trainer.workflows import DeviceLayout, jit_workflow, make_workflow
+    from evokube_trainer.workflows import DeviceLayout, StopAt, jit_workflow, make_workflow
 
     if checkpoint_dir:
         objectstore.prepare(checkpoint_dir)  # a bucket: its libraries, endpoint and access
@@ -256,6 +296,9 @@ def train(
             log.info("resumed from checkpoint at generation %d", generation)
     if state is None:
         state = fns.init(key)
+    stop_at = StopAt.of(config.max_env_steps, config.target_fitness)
+    if checkpoint_dir:
+        fns = _stored_programs(workflow, fns, state, stop_at, config, checkpoint_dir)
 
     generation, env_steps = int(state.generation), int(state.env_steps)
     if (config.max_generations and generation >= config.max_generations) or (
@@ -274,11 +317,13 @@ def train(
         workflow.learn(
             state,
             stop=loop.stop,
-            recorders=recorders,
+            recorders=(loop, *recorders),
             on_generation=loop.on_generation,
             on_evaluation=loop.on_evaluation,
             eval_every=config.eval_interval,
             jitted=fns,
+            chunk=loop.chunk,
+            stop_at=stop_at,
         )
     finally:
         if checkpointer:
@@ -287,6 +332,21 @@ def train(
             status_reporter.close()
     code = exitcodes.RETRIABLE if loop.code == STOP_PREEMPTED else exitcodes.SUCCESS
     return Outcome(code, loop.generation, loop.reason)
+
+
+def _stored_programs(workflow, fns, state, stop_at, config: RunConfig, checkpoint_dir: str):
+    """`fns` with `steps` and `evaluate` compiled ahead of time and kept in the checkpoint
+    location's executables/ (runtime/executables.py): a restart loads them instead of tracing,
+    lowering and compiling (the cache key alone costs a trace)."""
+    store = ExecutableStore(
+        os.path.join(checkpoint_dir, EXECUTABLES_SUBDIR), fingerprint(config.workflow)
+    )
+    arguments = (state, *workflow.chunk_arguments(1, stop_at))
+    return dataclasses.replace(
+        fns,
+        steps=store.compiled("steps", fns.steps, *arguments),
+        evaluate=store.compiled("evaluate", fns.evaluate, state),
+    )
 
 
 def _policy_exporter(config: RunConfig, workflow, checkpoint_dir: str) -> PolicyExporter:

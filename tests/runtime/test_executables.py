@@ -1,0 +1,118 @@
+"""Compiled programs kept beside the checkpoints: a restart loads them instead of tracing and
+compiling; anything that changes the program, or a file that does not load, compiles anew."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import yaml
+
+from evokube_trainer.runtime.executables import ExecutableStore, fingerprint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _traced_twice():
+    """A jitted function and the list its tracing appends to."""
+    traces = []
+
+    def double(x):
+        traces.append(1)
+        return 2 * x
+
+    return jax.jit(double), traces
+
+
+def test_a_second_store_loads_the_program_without_tracing(tmp_path):
+    x = jnp.arange(4.0)
+    first, traces = _traced_twice()
+    np.testing.assert_array_equal(ExecutableStore(tmp_path, "a").compiled("f", first, x)(x), 2 * x)
+    assert len(traces) == 1 and len(list(tmp_path.iterdir())) == 1
+
+    again, traces = _traced_twice()
+    loaded = ExecutableStore(tmp_path, "a").compiled("f", again, x)
+    np.testing.assert_array_equal(loaded(x), 2 * x)
+    assert traces == []  # loaded: nothing traced, lowered or compiled
+
+
+def test_another_fingerprint_or_argument_shape_compiles_anew(tmp_path):
+    x = jnp.arange(4.0)
+    fn, traces = _traced_twice()
+    ExecutableStore(tmp_path, "a").compiled("f", fn, x)
+    fn, traces = _traced_twice()
+    ExecutableStore(tmp_path, "b").compiled("f", fn, x)  # another configuration or code
+    ExecutableStore(tmp_path, "a").compiled("f", fn, jnp.arange(5.0))  # another shape
+    assert len(traces) == 2 and len(list(tmp_path.iterdir())) == 3
+
+
+def test_a_torn_file_is_compiled_over_with_a_warning(tmp_path, caplog):
+    x = jnp.arange(4.0)
+    fn, _ = _traced_twice()
+    ExecutableStore(tmp_path, "a").compiled("f", fn, x)
+    (path,) = tmp_path.iterdir()
+    path.write_bytes(b"half a program")
+    fn, traces = _traced_twice()
+    with caplog.at_level(logging.WARNING):
+        result = ExecutableStore(tmp_path, "a").compiled("f", fn, x)
+    np.testing.assert_array_equal(result(x), 2 * x)
+    assert len(traces) == 1 and "could not load the compiled program" in caplog.text
+    fn, traces = _traced_twice()
+    ExecutableStore(tmp_path, "a").compiled("f", fn, x)
+    assert traces == []  # the compiled-over file is whole again
+
+
+def test_the_fingerprint_names_the_configuration():
+    assert fingerprint({"pop": 8}) == fingerprint({"pop": 8})
+    assert fingerprint({"pop": 8}) != fingerprint({"pop": 16})
+
+
+def test_a_resumed_run_loads_its_programs_and_trains_as_one_run(tmp_path):
+    """`evokube run` stopped after 3 generations and resumed to 6 loads `steps` and
+    `evaluate`, and its history equals that of one run of 6 generations."""
+    manifest = {
+        "apiVersion": "evokube.io/v1alpha1",
+        "kind": "ERLExperiment",
+        "metadata": {"name": "stored"},
+        "spec": {
+            "image": "ghcr.io/evokube/trainer-cpu:0.1.0",
+            "algorithm": {"name": "openes"},
+            "environment": {"name": "gymnax/Pendulum-v1", "episodeLength": 20},
+            "policy": {"hiddenLayers": [8]},
+            "population": {"size": 8},
+            "stopping": {"maxGenerations": 3},
+            "evaluation": {"episodes": 2, "intervalGenerations": 2},
+            "checkpoint": {"intervalGenerations": 3},
+        },
+    }
+
+    def run(runs_dir, generations):
+        manifest["spec"]["stopping"]["maxGenerations"] = generations
+        path = tmp_path / "experiment.yaml"
+        path.write_text(yaml.safe_dump(manifest))
+        command = [sys.executable, "-m", "evokube_trainer.laptop.cli", "run", str(path)]
+        subprocess.run(
+            [*command, "--runs-dir", str(runs_dir)], cwd=ROOT, check=True, capture_output=True
+        )
+        return runs_dir / "stored"
+
+    def history(run_dir):
+        lines = (run_dir / "history.jsonl").read_text().splitlines()
+        keep = ("generation", "ec/fitness_mean", "ec/fitness_max", "eval/return_mean")
+        return [
+            {k: v for k, v in json.loads(line)["metrics"].items() if k in keep} for line in lines
+        ]
+
+    resumed = run(tmp_path / "resumed", 3)
+    assert sorted(p.name.split("-")[0] for p in (resumed / "executables").iterdir()) == [
+        "evaluate",
+        "steps",
+    ]
+    run(tmp_path / "resumed", 6)
+    log = (resumed / "logs" / "process-0.log").read_text()
+    assert "loaded the compiled steps" in log and "loaded the compiled evaluate" in log
+    assert history(resumed) == history(run(tmp_path / "whole", 6))
