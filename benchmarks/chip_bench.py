@@ -1,0 +1,319 @@
+"""The trainer on one accelerator chip, row by row against EvoRL's published figures.
+
+    .venv/bin/python -W ignore -m benchmarks.chip_bench                      # every row
+    .venv/bin/python -W ignore -m benchmarks.chip_bench --rows openes-64 --generations 50
+
+Runs on whatever JAX sees (a TPU chip, a GPU, or the CPU); benchmarks/README.md has the TPU
+table. The rows are issue 23's workloads, configured as EvoRL's side of it was (actor (16, 16)
+for OpenES; (256, 256) actor and twin critic without LayerNorm, batch 256, replay capacity 1M,
+1000 random warm-up transitions from one env and TD3 updates of 2 critic steps per actor step
+for the RL rows; no observation normalization; 10 evaluation episodes outside the generation).
+
+Per row, three new processes, each on the real trainer (`runtime.trainer.train`) with a
+checkpoint directory as a pod has:
+
+  first start    empty directory: spawn -> end of the first generation (import, device
+                 start-up, init and warm-up, compilation, the generation and its evaluation);
+  restart warm   the same directory (checkpoint, XLA cache, compiled programs): spawn -> end
+                 of its first generation;
+  restart cold   the checkpoint alone (cache and compiled programs deleted); this process then
+                 also measures throughput and the profile below.
+
+Throughput, after one untimed generation: "step" calls the jitted generation once per
+generation and blocks on it (EvoRL's way of timing); "trainer" runs generations in chunks of
+one dispatch (`Workflow.steps`, as `Workflow.learn` does in a pod, chunks of about a second).
+"env steps/s" counts agent steps of the trainer column.
+
+Profile: a `jax.profiler` trace of a few chunked generations, its device time attributed to
+the generation's parts by their named scopes (`workflows.PARTS`); "host" is the wall time the
+device was idle. On a platform whose trace has no device ops (the CPU), the split is omitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from benchmarks._common import REPO, load, print_header, print_row
+
+# Issue 23's table: EvoRL's generations/s on one TPU v5e chip (JAX 0.10.2).
+EVORL_GEN_PER_S = {
+    "openes-64": 833,
+    "openes-4096": 437,
+    "openes-halfcheetah": 0.132,
+    "cemrl-halfcheetah": 3.46,
+    "erlga-halfcheetah": 1.08,
+}
+ROWS = {
+    "openes-64": "OpenES gymnax Pendulum-v1 T=200, pop 64, actor (16,16)",
+    "openes-4096": "OpenES gymnax Pendulum-v1 T=200, pop 4096, actor (16,16)",
+    "openes-halfcheetah": "OpenES brax halfcheetah T=200, pop 1024, actor (16,16)",
+    "cemrl-halfcheetah": "CEM-RL brax halfcheetah T=200, pop 8, 4 TD3 actors, 128+64 steps",
+    "erlga-halfcheetah": "ERL-GA brax halfcheetah T=200, pop 8 + 1 TD3 agent, 128+64 steps",
+}
+
+
+def workflow_config(row: str, backend: str | None):
+    """The row's workflow configuration (see the module docstring)."""
+    from evokube_trainer.agents import TD3Config
+    from evokube_trainer.workflows import (
+        CEMRLConfig,
+        ECConfig,
+        EnvConfig,
+        ERLConfig,
+        ReplayConfig,
+    )
+
+    env_name = "gymnax/Pendulum-v1" if "halfcheetah" not in row else "brax/halfcheetah"
+    env = EnvConfig(env_name, episode_length=200, eval_episodes=10, backend=backend)
+    if row.startswith("openes"):
+        pop = {"openes-64": 64, "openes-4096": 4096, "openes-halfcheetah": 1024}[row]
+        return ECConfig(env=env, pop_size=pop, optimizer="open_es", actor_hidden_sizes=(16, 16))
+    td3 = TD3Config(actor_hidden_sizes=(256, 256), critic_hidden_sizes=(256, 256))
+    replay = ReplayConfig(capacity=1_000_000, batch_size=256, warmup_steps=1000, warmup_envs=1)
+    # TD3's actor steps every 2nd critic step: 128 critic steps, 64 actor steps.
+    rl = dict(env=env, pop_size=8, agent=td3, updates_per_generation=128, replay=replay)
+    if row == "cemrl-halfcheetah":
+        return CEMRLConfig(**rl, optimizer="sep_cem", num_actors=4)
+    return ERLConfig(**rl, optimizer="ga", optimizer_options={"num_elites": 2}, num_agents=1)
+
+
+def run_config(row: str, backend: str | None, generations: int):
+    from evokube_trainer.runtime.config import RunConfig
+
+    return RunConfig(
+        name=row,
+        namespace="bench",
+        seed=0,
+        workflow=workflow_config(row, backend),
+        max_generations=generations,
+        max_env_steps=None,
+        target_fitness=None,
+        max_wall_clock_s=None,
+        eval_interval=1,
+        checkpoint_interval=1,
+        checkpoint_keep=2,
+    )
+
+
+# -- child processes ------------------------------------------------------------------------
+
+
+def child(args: argparse.Namespace) -> None:
+    """One trainer life: train until `--stop-at`, then (with `--throughput`) measure."""
+    from evokube_trainer.runtime.trainer import train
+
+    first: list[float] = []
+
+    class FirstGeneration:
+        def write(self, generation: int, metrics) -> None:
+            if not first:
+                first.append(time.time())
+
+        def close(self) -> None:
+            pass
+
+    train(
+        run_config(args.rows[0], args.backend, args.stop_at),
+        checkpoint_dir=args.checkpoint_dir,
+        recorders=[FirstGeneration()],
+    )
+    report = {"first_generation_at": first[0]}
+    if args.throughput:
+        report.update(throughput(args.rows[0], args))
+    print(json.dumps(report))
+
+
+def throughput(row: str, args: argparse.Namespace) -> dict:
+    import jax
+
+    from evokube_trainer.workflows import StopAt, jit_workflow, make_workflow
+
+    workflow = make_workflow(workflow_config(row, args.backend))
+    fns = jit_workflow(workflow, donate=True)
+    state = jax.block_until_ready(fns.init(jax.random.PRNGKey(0)))
+    state, _ = jax.block_until_ready(fns.step(state))  # compiles; untimed
+    times = []
+    for _ in range(args.generations):
+        start = time.perf_counter()
+        state, _ = jax.block_until_ready(fns.step(state))
+        times.append(time.perf_counter() - start)
+    step_gen_s = sorted(times)[len(times) // 2]
+
+    # Chunks of about a second, as the trainer sizes them.
+    count = max(1, min(64, int(1.0 / step_gen_s)))
+    arguments = workflow.chunk_arguments(count, StopAt.of())
+    state, _, done = jax.block_until_ready(fns.steps(state, *arguments))  # compiles
+    generations = steps = 0
+    before = int(state.env_steps)
+    start = time.perf_counter()
+    while generations < args.generations:
+        state, _, done = fns.steps(state, *arguments)
+        generations += int(done)  # syncs, as the trainer's fetch of the metrics does
+    elapsed = time.perf_counter() - start
+    steps = int(state.env_steps) - before
+
+    trace_dir = tempfile.mkdtemp(prefix="chip-bench-trace-")
+    jax.profiler.start_trace(trace_dir)
+    traced_start = time.perf_counter()
+    for _ in range(2):
+        state, _, done = jax.block_until_ready(fns.steps(state, *arguments))
+    traced_s = time.perf_counter() - traced_start
+    jax.profiler.stop_trace()
+    parts = profile_parts(trace_dir, traced_s, 2 * count)
+    shutil.rmtree(trace_dir, ignore_errors=True)
+    return {
+        "step_gen_per_s": 1.0 / step_gen_s,
+        "trainer_gen_per_s": generations / elapsed,
+        "env_steps_per_s": steps / elapsed,
+        "chunk": count,
+        "platform": jax.devices()[0].platform,
+        "device_kind": jax.devices()[0].device_kind,
+        "parts_ms": parts,
+    }
+
+
+def profile_parts(trace_dir: str, wall_s: float, generations: int) -> dict | None:
+    """Device milliseconds per generation by part (`workflows.PARTS`), "other device" for ops
+    outside them and "host" for the rest of the wall time; None without device ops."""
+    from evokube_trainer.workflows import PARTS
+
+    files = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
+    if not files:
+        return None
+    with gzip.open(files[0]) as stream:
+        events = json.load(stream)["traceEvents"]
+    names = {
+        (e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"
+    }
+    processes = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    spent: dict[str, float] = collections.defaultdict(float)
+    for event in events:
+        if event.get("ph") != "X" or "dur" not in event:
+            continue
+        if names.get((event["pid"], event["tid"])) != "XLA Ops":
+            continue
+        if "/device:" not in processes.get(event["pid"], ""):
+            continue
+        arguments = event.get("args", {})
+        if arguments.get("hlo_category") in ("while", "conditional", "call"):
+            continue  # containers: their ops are counted themselves
+        scopes = arguments.get("tf_op", "").split("/")
+        part = next((p for p in PARTS if p in scopes), "other device")
+        spent[part] += event["dur"] / 1e3  # microseconds -> ms
+    if not spent:
+        return None
+    device_ms = sum(spent.values())
+    spent["host"] = max(0.0, wall_s * 1e3 - device_ms)
+    return {part: ms / generations for part, ms in spent.items()}
+
+
+# -- the parent ------------------------------------------------------------------------------
+
+
+def spawn(row: str, directory: str, stop_at: int, args, throughput: bool = False) -> dict:
+    """A child trainer; returns its report with `spawn_to_first_s`."""
+    command = [
+        sys.executable,
+        "-W",
+        "ignore",
+        "-m",
+        __spec__.name,
+        "--child",
+        "--rows",
+        row,
+        "--checkpoint-dir",
+        directory,
+        "--stop-at",
+        str(stop_at),
+        "--generations",
+        str(args.generations),
+    ]
+    command += ["--backend", args.backend] if args.backend else []
+    command += ["--throughput"] if throughput else []
+    spawned = time.time()
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=args.timeout)
+    if done.returncode:
+        raise RuntimeError(f"{row} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report["spawn_to_first_s"] = report["first_generation_at"] - spawned
+    return report
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--generations", type=int, default=20, help="timed generations")
+    parser.add_argument("--backend", help="Brax pipeline (default: the trainer's choice)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per process")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--throughput", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--checkpoint-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--stop-at", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args)
+        return
+
+    print(f"# {os.cpu_count()} CPUs; load average at start {load():.2f}", flush=True)
+    results = {}
+    for row in args.rows:
+        directory = tempfile.mkdtemp(prefix=f"chip-bench-{row}-")
+        try:
+            first = spawn(row, directory, 1, args)
+            warm = spawn(row, directory, 2, args)
+            for cached in ("xla-cache", "executables"):
+                shutil.rmtree(os.path.join(directory, cached), ignore_errors=True)
+            cold = spawn(row, directory, 3, args, throughput=True)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        results[row] = (first, warm, cold)
+        print(f"# {row}: {json.dumps(results[row])}", flush=True)
+
+    print_header(
+        "workload",
+        "EvoRL gen/s",
+        "step gen/s",
+        "trainer gen/s",
+        "trainer / EvoRL",
+        "env steps/s",
+        "spawn -> first gen s",
+        "restart cold s",
+        "restart warm s",
+        "cold / warm",
+    )
+    for row, (first, warm, cold) in results.items():
+        print_row(
+            ROWS[row],
+            EVORL_GEN_PER_S[row],
+            f"{cold['step_gen_per_s']:.3g}",
+            f"{cold['trainer_gen_per_s']:.3g}",
+            f"{cold['trainer_gen_per_s'] / EVORL_GEN_PER_S[row]:.2f}",
+            f"{cold['env_steps_per_s']:,.0f}",
+            f"{first['spawn_to_first_s']:.1f}",
+            f"{cold['spawn_to_first_s']:.1f}",
+            f"{warm['spawn_to_first_s']:.1f}",
+            f"{cold['spawn_to_first_s'] / warm['spawn_to_first_s']:.1f}x",
+        )
+    print()
+    print("Where a generation's time goes (ms per generation, from a jax.profiler trace):")
+    columns = ["ask", "rl_update", "rollout", "replay_add", "merge", "tell", "other device", "host"]
+    print_header("workload", "chunk", *columns)
+    for row, (_, _, cold) in results.items():
+        parts = cold["parts_ms"]
+        cells = [f"{parts.get(c, 0.0):.2f}" for c in columns] if parts else ["-"] * len(columns)
+        print_row(ROWS[row], cold["chunk"], *cells)
+    print(f"# load average at end {load():.2f}")
+
+
+if __name__ == "__main__":
+    main()
