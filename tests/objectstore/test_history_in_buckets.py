@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 from PIL import Image
 
-from evokube_trainer.cli import main
+from evokube_trainer.laptop.cli import main
 from evokube_trainer.recorders import TensorBoardRecorder
 from evokube_trainer.runtime import exitcodes
 from evokube_trainer.runtime.status import GROUP, PLURAL, VERSION

@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from evokube_trainer.laptop.curves import read_history
 from evokube_trainer.runtime import exitcodes, objectstore
 from evokube_trainer.runtime.checkpoints import Checkpointer
-from evokube_trainer.runtime.curves import read_history
 from tests.objectstore.emulators import free_port
 from tests.runtime.test_multihost import CEMRL, experiment, start_run
 

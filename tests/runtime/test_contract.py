@@ -18,7 +18,8 @@ import pytest
 import evokube_contract as contract
 from evokube_operator import builders
 from evokube_operator.spec import parse_spec
-from evokube_trainer.runtime import local, manifest
+from evokube_trainer.laptop import local
+from evokube_trainer.runtime import manifest
 from evokube_trainer.runtime.config import to_run_config
 from evokube_trainer.runtime.distributed import ProcessGroup
 from evokube_trainer.runtime.exitcodes import PERMANENT, RETRIABLE, SUCCESS, PermanentError

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from evokube_trainer import cli
 from evokube_trainer.envs import env_names, env_spec
+from evokube_trainer.laptop import cli
 from evokube_trainer.runtime import exitcodes, manifest
 from evokube_trainer.runtime.config import to_run_config
 from evokube_trainer.workflows import CEMRLConfig, ECConfig, ERLConfig

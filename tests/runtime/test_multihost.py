@@ -22,8 +22,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 import evokube_contract as contract
+from evokube_trainer.laptop.curves import read_history
 from evokube_trainer.runtime import exitcodes
-from evokube_trainer.runtime.curves import read_history
 from tests.cluster.controlplane import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +86,7 @@ def start_run(tmp_path, doc, *extra_args, env=None):
         [
             sys.executable,
             "-m",
-            "evokube_trainer.cli",
+            "evokube_trainer.laptop.cli",
             "run",
             str(path),
             "--runs-dir",

@@ -13,8 +13,8 @@ import time
 
 import yaml
 
+from evokube_trainer.laptop.curves import read_history
 from evokube_trainer.runtime import exitcodes
-from evokube_trainer.runtime.curves import read_history
 from tests.cluster.controlplane import wait_until
 from tests.runtime.test_multihost import OPENES, REPO, experiment
 

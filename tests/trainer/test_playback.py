@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from evokube_trainer import cli
 from evokube_trainer.agents import Actor, ParamFlattener
 from evokube_trainer.envs import env_spec
+from evokube_trainer.laptop import cli
 from evokube_trainer.policies import (
     GYMNAX_VISUALIZED,
     METADATA_FILE,

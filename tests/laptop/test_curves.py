@@ -6,10 +6,10 @@ import fsspec
 import pytest
 from PIL import Image
 
-from evokube_trainer.cli import main
+from evokube_trainer.laptop.cli import main
+from evokube_trainer.laptop.curves import history_rows
 from evokube_trainer.recorders import JsonLinesRecorder
 from evokube_trainer.runtime import exitcodes
-from evokube_trainer.runtime.curves import history_rows
 
 GENERATIONS = [
     (1, {"ec/fitness_max": -900.0, "ec/fitness_mean": -1200.0, "env_steps": 2000}),

@@ -28,8 +28,8 @@ from typing import Any, TextIO
 import yaml
 
 import evokube_contract as contract
+from evokube_trainer.laptop.curves import plot_learning_curve, read_history
 from evokube_trainer.runtime import exitcodes
-from evokube_trainer.runtime.curves import plot_learning_curve, read_history
 from evokube_trainer.runtime.objectstore import is_url
 
 # After SIGTERM, how long processes get to checkpoint before SIGKILL, unless the spec's

@@ -50,7 +50,7 @@ def validate(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from evokube_trainer.runtime.local import run_locally
+    from evokube_trainer.laptop.local import run_locally
 
     loaded = _load(args.file)
     if loaded is None:
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def curve(args: argparse.Namespace) -> int:
-    from evokube_trainer.runtime.curves import CurveError, draw
+    from evokube_trainer.laptop.curves import CurveError, draw
 
     try:
         png, generations = draw(args.target, args.output, args.namespace)
