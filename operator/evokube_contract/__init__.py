@@ -11,6 +11,10 @@ Each value reaches the trainer by exactly one channel:
   user wrote, including the experiment's name and namespace (its metadata);
 - the environment (ENV_VARS): what depends on the pod, the attempt or the operator's settings
   (process id and count, coordinator, resolved checkpoint location, metrics port, ...).
+
+Files that cannot import Python (the CRD, the Dockerfile, the chart) restate a few of these;
+tests/runtime/test_contract.py checks every such copy, and fails on a value written twice in
+Python.
 """
 
 from typing import Final
@@ -30,6 +34,10 @@ LABEL_ATTEMPT: Final = "evokube.io/attempt"  # gang attempt number (Jobs and pod
 MANIFEST_ANNOTATION: Final = "evokube.io/manifest"
 # Kubernetes' own: an Indexed Job's pod's index, the trainer's process id.
 COMPLETION_INDEX_ANNOTATION: Final = "batch.kubernetes.io/job-completion-index"
+
+# -- ports of the trainer pods: spec.metricsPort's and spec.coordinatorPort's defaults ----------
+METRICS_PORT: Final = 9100  # Prometheus /metrics of every process (ENV_METRICS_PORT)
+COORDINATOR_PORT: Final = 8476  # jax.distributed's coordinator on host 0 (ENV_COORDINATOR)
 
 # -- the trainer container and its files --------------------------------------------------------
 CONTAINER: Final = "trainer"
