@@ -13,10 +13,11 @@ Each value reaches the trainer by exactly one channel:
   (process id and count, coordinator, resolved checkpoint location, metrics port, ...).
 
 Files that cannot import Python (the CRD, the Dockerfile, the chart) restate a few of these;
-tests/runtime/test_contract.py checks every such copy, and fails on a value written twice in
-Python.
+tests/runtime/test_contract_copies.py checks every such copy, and fails on a value written
+twice in Python.
 """
 
+from types import MappingProxyType
 from typing import Final
 
 # -- the ERLExperiment API ----------------------------------------------------------------
@@ -69,6 +70,9 @@ ENV_TPU_WORKER_HOSTNAMES: Final = "TPU_WORKER_HOSTNAMES"  # read by libtpu, not 
 ENV_REPORT_STATUS: Final = "EVOKUBE_REPORT_STATUS"  # "1": process 0 patches status.progress
 ENV_HOME: Final = "HOME"  # SCRATCH_DIR: writable, unlike the image's home
 ENV_HISTORY: Final = "EVOKUBE_HISTORY"  # set by `evokube run` only
+ENV_LOG_LEVEL: Final = "EVOKUBE_LOG_LEVEL"  # a logging level's name; unset: INFO (USER_ENV)
+# Where the trainer writes why it failed; unset: TERMINATION_LOG (tests point it elsewhere).
+ENV_TERMINATION_LOG: Final = "EVOKUBE_TERMINATION_LOG"
 ENV_VARS: Final = (
     ENV_MANIFEST,
     ENV_COORDINATOR,
@@ -82,7 +86,31 @@ ENV_VARS: Final = (
     ENV_REPORT_STATUS,
     ENV_HOME,
     ENV_HISTORY,
+    ENV_LOG_LEVEL,
+    ENV_TERMINATION_LOG,
 )
+# Who sets what. The operator sets OPERATOR_ENV on every pod and OPERATOR_ENV_ON[type] on the
+# pods of that accelerator type; spec.env may set none of them, nor a name beginning with
+# ENV_PREFIX unless USER_ENV has it. The CRD's rules on spec.env say the same
+# (tests/runtime/test_contract.py checks them against these).
+OPERATOR_ENV: Final = (
+    ENV_MANIFEST,
+    ENV_COORDINATOR,
+    ENV_NUM_PROCESSES,
+    ENV_PROCESS_ID,
+    ENV_CHECKPOINT_DIR,
+    ENV_METRICS_PORT,
+    ENV_REPORT_STATUS,
+    ENV_HOME,
+)
+OPERATOR_ENV_ON: Final = MappingProxyType(
+    {"cpu": (ENV_XLA_FLAGS,), "tpu": (ENV_TPU_WORKER_ID, ENV_TPU_WORKER_HOSTNAMES)}
+)
+ENV_PREFIX: Final = "EVOKUBE_"
+USER_ENV: Final = (ENV_LOG_LEVEL,)
+# Kubernetes' default terminationMessagePath: the kubelet reads the container's termination
+# message there, and the operator copies it into the experiment's status.
+TERMINATION_LOG: Final = "/dev/termination-log"
 
 # -- exit codes of the trainer -------------------------------------------------------------------
 EXIT_SUCCESS: Final = 0  # a stopping criterion was met
