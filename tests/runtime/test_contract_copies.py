@@ -2,11 +2,15 @@
 
 The CRD (and the chart's byte-identical copy), the Dockerfile, pyproject.toml and the chart's
 templates cannot import evokube_contract (or the operator's api module); each place where they
-restate one of its values is read here and compared with the constant.
+restate one of its values is read here and compared with the constant. No Python module of
+operator/, trainer/ or benchmarks/ writes a contract value as a literal, and no other shipped
+file restates one of its ports, variable names, keys or paths.
 """
 
 from __future__ import annotations
 
+import ast
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -96,3 +100,131 @@ CHART_COPIES = [
 def test_the_charts_templates_restate_the_operators_names(template, pattern, values):
     found = {m.group(1) for m in re.finditer(pattern, (TEMPLATES / template).read_text())}
     assert found and found <= values, f"{template}: {pattern} found {found}"
+
+
+# -- no value written twice -------------------------------------------------------------------
+def _values() -> dict[str | int, str]:
+    """Every value of the contract (its tuples' items too), with a constant's name for it."""
+    values: dict[str | int, str] = {}
+    for name, value in vars(contract).items():
+        items = value if isinstance(value, tuple) else (value,)
+        for item in items:
+            if name.isupper() and isinstance(item, str | int) and not isinstance(item, bool):
+                values.setdefault(item, name)
+    return values
+
+
+def _keys() -> dict[str, str]:
+    """The values that stay recognisable inside a longer string: environment variable names,
+    label and annotation keys, paths (but /tmp, everyone's), the API version."""
+    names = (*contract.ENV_VARS, contract.ENV_PREFIX)
+    return {
+        v: n
+        for v, n in _values().items()
+        if isinstance(v, str) and (v in names or "/" in v) and v != contract.SCRATCH_DIR
+    }
+
+
+def _pattern(value: str | int) -> re.Pattern:
+    """`value` standing alone: not part of a longer name, number, key or path."""
+    return re.compile(rf"(?<![\w./-]){re.escape(str(value))}(?![\w-])")
+
+
+# Python literals that equal a contract value by coincidence, and what they are.
+COINCIDENCES = {
+    ("operator/evokube_operator/builders.py", "checkpoints"): "the checkpoint volume's name",
+    ("trainer/evokube_trainer/runtime/entrypoint.py", "evokube-train"): "the logger's name",
+}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    owners = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, owners)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+
+
+def test_no_python_module_writes_a_contract_value_again():
+    values, keys = _values(), {v: _pattern(v) for v in _keys()}
+    copies = []
+    for root in ("operator", "trainer", "benchmarks"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            where = str(path.relative_to(REPO))
+            if path.parent.name == "evokube_contract":
+                continue
+            tree = ast.parse(path.read_text())
+            docstrings = _docstrings(tree)
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.Constant) or id(node) in docstrings:
+                    continue
+                value = node.value
+                if isinstance(value, bool) or not isinstance(value, str | int) or value == 0:
+                    continue
+                if value in values and (where, value) not in COINCIDENCES:
+                    copies.append(f"{where}:{node.lineno}: {value!r} is {values[value]}")
+                elif isinstance(value, str):
+                    copies += [
+                        f"{where}:{node.lineno}: {value!r} spells {values[key]}"
+                        for key, pattern in keys.items()
+                        if key != value and pattern.search(value)
+                    ]
+    assert copies == [], "use evokube_contract's constants:\n" + "\n".join(copies)
+
+
+# Files that cannot import Python and restate contract values (each checked above, or by the
+# CRD's spec.env test in test_contract.py), with the constants each may restate. Documentation
+# (docs/, *.md), examples (validated against the CRD) and tests are prose and fixtures.
+ENV_RULES = {
+    "ENV_PREFIX",
+    "ENV_COORDINATOR",
+    "ENV_NUM_PROCESSES",
+    "ENV_PROCESS_ID",
+    "ENV_HOME",
+    "ENV_XLA_FLAGS",
+    "ENV_TPU_WORKER_ID",
+    "ENV_TPU_WORKER_HOSTNAMES",
+    "ENV_LOG_LEVEL",
+}
+KNOWN_COPIES = {
+    # EXPOSE; HOME is the image's own home, which the operator's HOME replaces in pods.
+    "Dockerfile": {"METRICS_PORT", "COORDINATOR_PORT", "ENV_HOME"},
+    # Port defaults, the mount-path rule, the spec.env rules and their description.
+    **{path: {"METRICS_PORT", "COORDINATOR_PORT", "MANIFEST_DIR", *ENV_RULES} for path in CRDS},
+    "helm/evokube/templates/admission.yaml": {"COMPLETION_INDEX_ANNOTATION"},
+}
+NOT_SHIPPED = {"docs", "examples", "tests", "runs", "build", "dist", "node_modules"}
+
+
+def _shipped_files() -> list[Path]:
+    """The repository's files but Python, Markdown, documentation, examples and tests."""
+    found = []
+    for folder, subfolders, files in os.walk(REPO):
+        subfolders[:] = [
+            d for d in subfolders if d not in NOT_SHIPPED and not d.startswith((".", "__"))
+        ]
+        found += [Path(folder, f) for f in files if not f.endswith((".py", ".md", ".pyc"))]
+    return found
+
+
+def test_files_that_cannot_import_python_restate_the_contract_only_where_checked():
+    patterns = {name: _pattern(value) for value, name in _keys().items()}
+    patterns |= {
+        name: _pattern(value)
+        for value, name in _values().items()
+        if isinstance(value, int) and value >= 1024  # ports
+    }
+    found = {}
+    for path in _shipped_files():
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        names = {name for name, pattern in patterns.items() if pattern.search(text)}
+        if names:
+            found[str(path.relative_to(REPO))] = names
+    assert found == KNOWN_COPIES
