@@ -1,4 +1,4 @@
-"""What the benchmark scripts share: Markdown tables and child processes.
+"""What the benchmark scripts share: Markdown tables, child processes, ports and waits.
 
 Kept free of jax imports, like config_flags.py: multi-process benchmarks use it before
 jax.distributed starts.
@@ -9,12 +9,31 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(check: Callable[[], bool], seconds: float, what: str) -> None:
+    """Call `check` every 0.2 s until it is true; RuntimeError naming `what` after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {seconds:.0f} s waiting for {what}")
+        time.sleep(0.2)
 
 
 def load() -> float:

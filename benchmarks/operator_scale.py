@@ -4,8 +4,9 @@
     .venv/bin/python -m benchmarks.operator_scale --experiments 1000 --timeout 900 \
         --operator-args --workers 16
 
-For each N the script starts a fresh test control plane (tests/cluster), adds fake CPU nodes
-until the gangs fit (110 pods a node), installs the CRD, starts `evokube-operator` as a child
+For each N the script starts a fresh test control plane (tests/cluster, through its command
+line `python -m tests.cluster`: benchmarks do not import the tests) with enough fake CPU nodes
+for the gangs (110 pods a node), installs the CRD, starts `evokube-operator` as a child
 process (admin credentials: RBAC is not what is measured) and creates N ERLExperiments of 4
 hosts as fast as the API accepts them, from `--clients` threads. Watches (opened before the
 first create) time-stamp, for each experiment, the first ADDED event of its Job and the first
@@ -37,19 +38,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-import yaml
-
-from benchmarks._common import REPO, load, print_header, print_row
+from benchmarks._common import REPO, free_port, load, print_header, print_row, wait_until
+from evokube_contract import API_VERSION, GROUP, KIND, LABEL_EXPERIMENT, PLURAL, VERSION
 from evokube_operator.decide import JOB_EVENTS_GRACE_SECONDS
-from tests.cluster.controlplane import (
-    ControlPlane,
-    fake_node,
-    fake_nodes,
-    free_port,
-    wait_until,
-)
 
-GROUP, VERSION, PLURAL = "evokube.io", "v1alpha1", "erlexperiments"
 NAMESPACE = "scale"
 HOSTS = 4
 PODS_PER_NODE = 110
@@ -57,8 +49,8 @@ PODS_PER_NODE = 110
 
 def experiment(name: str) -> dict:
     return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "ERLExperiment",
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {
             "image": "ghcr.io/evokube/trainer-cpu:0.1.0",
@@ -69,6 +61,55 @@ def experiment(name: str) -> dict:
             "accelerator": {"type": "cpu", "hosts": HOSTS},
         },
     }
+
+
+class Cluster:
+    """A fresh test control plane in `workdir`, started and stopped through its command line
+    (`python -m tests.cluster up --json`, `down`), which says where it is."""
+
+    def __init__(self, workdir: Path, *up_args: str):
+        self.workdir = workdir
+        run = self._cli("up", "--json", *up_args)
+        where = json.loads(run.stdout.splitlines()[-1])
+        self.kubeconfig, self.kubectl_path = where["kubeconfig"], where["kubectl"]
+        self.pids: dict[str, int] = where["pids"]
+
+    def _cli(self, *args: str) -> subprocess.CompletedProcess:
+        run = subprocess.run(
+            [sys.executable, "-m", "tests.cluster", *args, "--dir", str(self.workdir)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
+        if run.returncode != 0:
+            raise RuntimeError(f"tests.cluster {args[0]} failed: {run.stderr.strip()}")
+        return run
+
+    def stop(self) -> None:
+        self._cli("down")
+
+    def kubectl(self, *args: str) -> subprocess.CompletedProcess:
+        """Our pinned kubectl as admin; a failure raises with its stderr."""
+        run = subprocess.run(
+            [self.kubectl_path, f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+        )
+        if run.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {run.stderr.strip()}")
+        return run
+
+    def established(self, crd: str) -> bool:
+        """Whether the CRD is Established (kubectl wait refuses one without conditions yet)."""
+        wait = [self.kubectl_path, f"--kubeconfig={self.kubeconfig}", "wait", crd]
+        flags = ["--for=condition=Established", "--timeout=10s"]
+        return subprocess.run([*wait, *flags], capture_output=True).returncode == 0
+
+    def api_client(self):
+        """A kubernetes-client ApiClient, as admin."""
+        from kubernetes import config
+
+        return config.new_client_from_config(self.kubeconfig)
 
 
 class ProcSampler(threading.Thread):
@@ -125,7 +166,7 @@ def metric_samples(text: str, name: str) -> list[tuple[dict, float]]:
     return out
 
 
-def apiserver_writes(plane: ControlPlane, every: bool = False) -> dict[str, float]:
+def apiserver_writes(plane: Cluster, every: bool = False) -> dict[str, float]:
     """apiserver_request_total for erlexperiments (or every resource), by verb (all clients)."""
     text = plane.kubectl("get", "--raw", "/metrics").stdout
     counts: dict[str, float] = {}
@@ -149,15 +190,13 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def watch(plane: ControlPlane, path: str, on_event, stop: threading.Event) -> threading.Thread:
+def watch(plane: Cluster, path: str, on_event, stop: threading.Event) -> threading.Thread:
     """Streams `kubectl get --raw` watch events (one JSON object a line) to on_event."""
-
-    kubectl = plane.binaries.path("kubectl")
 
     def run():
         while not stop.is_set():
             proc = subprocess.Popen(
-                [kubectl, "--kubeconfig", str(plane.kubeconfig), "get", "--raw", path],
+                [plane.kubectl_path, "--kubeconfig", plane.kubeconfig, "get", "--raw", path],
                 stdout=subprocess.PIPE,
                 text=True,
             )
@@ -175,51 +214,24 @@ def watch(plane: ControlPlane, path: str, on_event, stop: threading.Event) -> th
 
 def run_scale(n: int, args: argparse.Namespace) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix=f"evokube-scale-{n}-"))
-    plane = ControlPlane(workdir, controller_manager_qps=args.controller_manager_qps)
-    plane.start()
+    up = [f"--pool-size=cpu={-(-n * HOSTS // PODS_PER_NODE) + 1}"]  # every gang fits, and one
+    if args.controller_manager_qps:
+        up.append(f"--controller-manager-qps={args.controller_manager_qps}")
+    plane = Cluster(workdir, *up)  # its nodes are Ready
     operator = None
     try:
-        nodes_needed = -(-n * HOSTS // PODS_PER_NODE) + 1
-        spec = yaml.safe_load((REPO / "tests/cluster/nodes.yaml").read_text())["pools"]["cpu"]
-        extra = [fake_node(f"cpu-scale-{i}", "cpu", spec) for i in range(max(0, nodes_needed - 4))]
-        if extra:
-            plane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(extra))
         plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
         crd = f"crd/{PLURAL}.{GROUP}"
-        wait_until(
-            lambda: (
-                plane.kubectl(
-                    "wait", "--for=condition=Established", "--timeout=10s", crd, check=False
-                ).returncode
-                == 0
-            ),
-            60,
-            "the CRD to be Established",
-        )
+        wait_until(lambda: plane.established(crd), 60, "the CRD to be Established")
         plane.kubectl("create", "namespace", NAMESPACE)
-        wait_until(
-            lambda: (
-                plane.kubectl("get", "sa", "default", "-n", NAMESPACE, check=False).returncode == 0
-            ),
-            30,
-            "the default ServiceAccount",
-        )
-
-        def ready_nodes() -> int:
-            return plane.kubectl("get", "nodes", "--no-headers", check=False).stdout.count(
-                " Ready "
-            )
-
-        wait_until(
-            lambda: ready_nodes() >= len(fake_nodes()) + len(extra), 120, "the extra nodes Ready"
-        )
+        plane.kubectl("wait", "--for=create", "--timeout=30s", "sa/default", "-n", NAMESPACE)
 
         port = free_port()
         log_path = workdir / "operator.log"
         command = [
             str(Path(sys.executable).with_name("evokube-operator")),
             "--kubeconfig",
-            str(plane.kubeconfig),
+            plane.kubeconfig,
             "--metrics-port",
             str(port),
             "--metrics-address",
@@ -237,7 +249,7 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
             except OSError:
                 return False
 
-        wait_until(ready, 60, "the operator to become ready")
+        wait_until(ready, 60, f"the operator to become ready (log: {log_path})")
         writes_before = apiserver_writes(plane)
 
         created: dict[str, float] = {}
@@ -248,7 +260,7 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
         def on_job(event, now):
             if event.get("type") != "ADDED":
                 return
-            owner = event["object"]["metadata"].get("labels", {}).get("evokube.io/experiment")
+            owner = event["object"]["metadata"].get("labels", {}).get(LABEL_EXPERIMENT)
             with lock:
                 job_at.setdefault(owner, now)
 
@@ -272,7 +284,7 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
         # Where else the CPU goes: the control plane's own processes.
         others = {
             name: ProcSampler(pid)
-            for name, pid in plane.state.pids.items()
+            for name, pid in plane.pids.items()
             if name in ("kube-apiserver", "etcd", "kube-controller-manager", "kwok")
         }
         for other in others.values():

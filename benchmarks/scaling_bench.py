@@ -24,11 +24,18 @@ import argparse
 import json
 import os
 import re
-import socket
 import time
 
-from benchmarks._common import child_command, load, print_header, print_row, run_children
+from benchmarks._common import (
+    child_command,
+    free_port,
+    load,
+    print_header,
+    print_row,
+    run_children,
+)
 from benchmarks.config_flags import add_config_arguments, config_arguments
+from evokube_contract import ENV_XLA_FLAGS
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 BYTES = {"f32": 4, "s32": 4, "u32": 4, "pred": 1, "f16": 2, "bf16": 2, "s8": 1, "u8": 1}
@@ -117,13 +124,11 @@ def time_allreduce(num_dims: int) -> float:
 
 
 def run_point(processes: int, devices: int, pop: int, args: argparse.Namespace) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {
         **os.environ,
         "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        ENV_XLA_FLAGS: f"--xla_force_host_platform_device_count={devices}",
     }
     commands = [
         child_command(

@@ -46,6 +46,7 @@ from benchmarks._common import (  # noqa: E402
     run_children,
 )
 from benchmarks.config_flags import add_config_arguments, config_arguments  # noqa: E402
+from evokube_contract import CHECKPOINTS_SUBDIR, XLA_CACHE_SUBDIR  # noqa: E402
 
 # jax.monitoring duration events -> where compile-related time went (seconds, summed).
 EVENTS = {
@@ -127,9 +128,13 @@ def restart(algo: str, env: str, workdir: str, saved: str, cache: bool, args) ->
     """A new process resuming from the first start's checkpoint in the same directory (XLA's
     cache keys include the cache's path), with or without the first start's compilations."""
     shutil.rmtree(workdir)
-    shutil.copytree(os.path.join(saved, "checkpoints"), os.path.join(workdir, "checkpoints"))
+    shutil.copytree(
+        os.path.join(saved, CHECKPOINTS_SUBDIR), os.path.join(workdir, CHECKPOINTS_SUBDIR)
+    )
     if cache:
-        shutil.copytree(os.path.join(saved, "xla-cache"), os.path.join(workdir, "xla-cache"))
+        shutil.copytree(
+            os.path.join(saved, XLA_CACHE_SUBDIR), os.path.join(workdir, XLA_CACHE_SUBDIR)
+        )
     return run_child(algo, env, workdir, 3, args)  # resumes at 1, runs 2 and 3
 
 

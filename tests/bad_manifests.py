@@ -1074,6 +1074,7 @@ GOOD_MANIFESTS += [
             "spec.env": [
                 {"name": "XLA_FLAGS", "value": "--xla_gpu_enable_latency_hiding_scheduler=true"},
                 {"name": "NCCL_DEBUG", "value": "INFO"},
+                {"name": "EVOKUBE_LOG_LEVEL", "value": "DEBUG"},
                 {"name": "LIBTPU_INIT_ARGS", "value": ""},
                 {
                     "name": "WANDB_API_KEY",

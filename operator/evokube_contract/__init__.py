@@ -11,8 +11,13 @@ Each value reaches the trainer by exactly one channel:
   user wrote, including the experiment's name and namespace (its metadata);
 - the environment (ENV_VARS): what depends on the pod, the attempt or the operator's settings
   (process id and count, coordinator, resolved checkpoint location, metrics port, ...).
+
+Files that cannot import Python (the CRD, the Dockerfile, the chart) restate a few of these;
+tests/runtime/test_contract_copies.py checks every such copy, and fails on a value written
+twice in Python.
 """
 
+from types import MappingProxyType
 from typing import Final
 
 # -- the ERLExperiment API ----------------------------------------------------------------
@@ -30,6 +35,10 @@ LABEL_ATTEMPT: Final = "evokube.io/attempt"  # gang attempt number (Jobs and pod
 MANIFEST_ANNOTATION: Final = "evokube.io/manifest"
 # Kubernetes' own: an Indexed Job's pod's index, the trainer's process id.
 COMPLETION_INDEX_ANNOTATION: Final = "batch.kubernetes.io/job-completion-index"
+
+# -- ports of the trainer pods: spec.metricsPort's and spec.coordinatorPort's defaults ----------
+METRICS_PORT: Final = 9100  # Prometheus /metrics of every process (ENV_METRICS_PORT)
+COORDINATOR_PORT: Final = 8476  # jax.distributed's coordinator on host 0 (ENV_COORDINATOR)
 
 # -- the trainer container and its files --------------------------------------------------------
 CONTAINER: Final = "trainer"
@@ -64,6 +73,9 @@ ENV_TPU_WORKER_HOSTNAMES: Final = "TPU_WORKER_HOSTNAMES"  # read by libtpu, not 
 ENV_REPORT_STATUS: Final = "EVOKUBE_REPORT_STATUS"  # "1": process 0 patches status.progress
 ENV_HOME: Final = "HOME"  # SCRATCH_DIR: writable, unlike the image's home
 ENV_HISTORY: Final = "EVOKUBE_HISTORY"  # set by `evokube run` only
+ENV_LOG_LEVEL: Final = "EVOKUBE_LOG_LEVEL"  # a logging level's name; unset: INFO (USER_ENV)
+# Where the trainer writes why it failed; unset: TERMINATION_LOG (tests point it elsewhere).
+ENV_TERMINATION_LOG: Final = "EVOKUBE_TERMINATION_LOG"
 ENV_VARS: Final = (
     ENV_MANIFEST,
     ENV_COORDINATOR,
@@ -77,7 +89,31 @@ ENV_VARS: Final = (
     ENV_REPORT_STATUS,
     ENV_HOME,
     ENV_HISTORY,
+    ENV_LOG_LEVEL,
+    ENV_TERMINATION_LOG,
 )
+# Who sets what. The operator sets OPERATOR_ENV on every pod and OPERATOR_ENV_ON[type] on the
+# pods of that accelerator type; spec.env may set none of them, nor a name beginning with
+# ENV_PREFIX unless USER_ENV has it. The CRD's rules on spec.env say the same
+# (tests/runtime/test_contract.py checks them against these).
+OPERATOR_ENV: Final = (
+    ENV_MANIFEST,
+    ENV_COORDINATOR,
+    ENV_NUM_PROCESSES,
+    ENV_PROCESS_ID,
+    ENV_CHECKPOINT_DIR,
+    ENV_METRICS_PORT,
+    ENV_REPORT_STATUS,
+    ENV_HOME,
+)
+OPERATOR_ENV_ON: Final = MappingProxyType(
+    {"cpu": (ENV_XLA_FLAGS,), "tpu": (ENV_TPU_WORKER_ID, ENV_TPU_WORKER_HOSTNAMES)}
+)
+ENV_PREFIX: Final = "EVOKUBE_"
+USER_ENV: Final = (ENV_LOG_LEVEL,)
+# Kubernetes' default terminationMessagePath: the kubelet reads the container's termination
+# message there, and the operator copies it into the experiment's status.
+TERMINATION_LOG: Final = "/dev/termination-log"
 
 # -- exit codes of the trainer -------------------------------------------------------------------
 EXIT_SUCCESS: Final = 0  # a stopping criterion was met

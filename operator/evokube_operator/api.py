@@ -8,13 +8,14 @@ trainer shares are defined in evokube_contract and only re-exported here.
 
 from typing import Final
 
-# The operator/trainer contract (the API's group and kind, the pods' labels and annotations,
-# the trainer's environment, files and exit codes) lives in evokube_contract, which the trainer
-# imports too; the operator reaches it through this module.
+# The operator/trainer contract (the API's group and kind, the pods' labels, annotations and
+# ports, the trainer's environment, files and exit codes) lives in evokube_contract, which the
+# trainer imports too; the operator reaches it through this module.
 from evokube_contract import (  # noqa: F401
     API_VERSION,
     COMPLETION_INDEX_ANNOTATION,
     CONTAINER,
+    COORDINATOR_PORT,
     ENV_CHECKPOINT_DIR,
     ENV_COORDINATOR,
     ENV_HOME,
@@ -37,6 +38,7 @@ from evokube_contract import (  # noqa: F401
     MANIFEST_DIR,
     MANIFEST_FILE,
     MANIFEST_PATH,
+    METRICS_PORT,
     PLURAL,
     SCRATCH_DIR,
     TRAINER_COMMAND,
@@ -57,6 +59,10 @@ KUEUE_PRIORITY_LABEL: Final = "kueue.x-k8s.io/priority-class"
 KUEUE_JOB_UID_LABEL: Final = "kueue.x-k8s.io/job-uid"
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
 KUEUE_VERSION: Final = "v1beta2"
+
+# -- names of the trainer pods' ports (the container's and the headless Service's) -------------
+COORDINATOR_PORT_NAME: Final = "coordinator"
+METRICS_PORT_NAME: Final = "metrics"  # what the chart's PodMonitor scrapes
 
 # -- Kubernetes' own keys the operator reads -----------------------------------
 JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"

@@ -131,8 +131,12 @@ def service(exp: Experiment, spec: ExperimentSpec) -> dict[str, Any]:
             "publishNotReadyAddresses": True,
             "selector": gang_selector(exp.name),
             "ports": [
-                {"name": "coordinator", "port": spec.coordinator_port, "protocol": "TCP"},
-                {"name": "metrics", "port": spec.metrics_port, "protocol": "TCP"},
+                {
+                    "name": api.COORDINATOR_PORT_NAME,
+                    "port": spec.coordinator_port,
+                    "protocol": "TCP",
+                },
+                {"name": api.METRICS_PORT_NAME, "port": spec.metrics_port, "protocol": "TCP"},
             ],
         },
     }
@@ -405,8 +409,12 @@ def job(
         # The contract's variables first; spec.env may not name them (the CRD refuses it).
         "env": [*trainer_env(exp, spec, attempt), *plain(spec.env)],
         "ports": [
-            {"name": "coordinator", "containerPort": spec.coordinator_port, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": spec.metrics_port, "protocol": "TCP"},
+            {
+                "name": api.COORDINATOR_PORT_NAME,
+                "containerPort": spec.coordinator_port,
+                "protocol": "TCP",
+            },
+            {"name": api.METRICS_PORT_NAME, "containerPort": spec.metrics_port, "protocol": "TCP"},
         ],
         "volumeMounts": [
             {"name": "manifest", "mountPath": api.MANIFEST_DIR, "readOnly": True},

@@ -145,12 +145,28 @@ class Observation:
     fresh: bool = False
     # What keeps the current attempt's Job from being created (the reconciler checked).
     blocked: Blocker | None = None
-    # The current Job's FailedCreate events, read only when a Plan asked (needs_job_events).
+    # The current Job's FailedCreate events, read only when a Plan asked (READ_JOB_EVENTS).
     job_events: tuple[JobEvent, ...] | None = None
-    # The uid of the current Job, which the API server confirmed gone (confirm_job_gone).
+    # The uid of the current Job, which the API server confirmed gone (READ_JOB).
     job_gone: str | None = None
-    # What Kueue says of the current Job's Workload, read only when a Plan asked (needs_queue).
+    # What Kueue says of the current Job's Workload, read only when a Plan asked (READ_QUEUE).
     queue: QueueView | None = None
+
+
+# What a Plan may ask the reconciler to read about the current Job before acting on it. decide
+# asks for each only while its Observation lacks the answer, and decides again once it is there.
+READ_JOB = "job"  # missing from the watch: is it really gone? (Observation.job_gone)
+READ_JOB_EVENTS = "job-events"  # its FailedCreate events (Observation.job_events)
+READ_QUEUE = "queue"  # suspended: what Kueue says of it (Observation.queue)
+
+
+@dataclass(frozen=True)
+class Read:
+    """One read of a Plan (Plan.read), about the current Job."""
+
+    what: str  # READ_JOB, READ_JOB_EVENTS or READ_QUEUE
+    job: str  # the Job's name
+    uid: str  # and uid
 
 
 @dataclass(frozen=True)
@@ -164,12 +180,11 @@ class Plan:
     requeue_after: float | None = None
     # The status seen is older than a Job seen: read the experiment again, decide again.
     stale: bool = False
-    # (name, uid) of a Job whose FailedCreate events decide wants: read them, decide again.
-    needs_job_events: tuple[str, str] | None = None
-    # (name, uid) of the current Job, missing from the watch: is it really gone? Decide again.
-    confirm_job_gone: tuple[str, str] | None = None
-    # (name, uid) of the current Job, suspended: read what Kueue says of it, decide again.
-    needs_queue: tuple[str, str] | None = None
+    # What to read before this plan may be acted on: read it, decide again.
+    read: Read | None = None
+    # The spec this plan was decided from (`desired_spec`); None when none was parsed (deleted,
+    # finished, invalid). The reconciler builds the Job and the owned objects from it.
+    spec: ExperimentSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -216,7 +231,7 @@ def desired_spec(exp: Experiment, default_checkpoints: str | None) -> Experiment
     """The spec the operator acts on (SpecError if it cannot). `default_checkpoints` is the
     operator's default checkpoint location; an experiment without its own keeps the one its
     status already names, so a changed default never moves a running experiment away from
-    its checkpoints. The reconciler builds the Job and owned objects from the same call."""
+    its checkpoints. Parsed once per decision, and carried in its Plan."""
     named = Status.from_dict(exp.status).checkpoint_location
     return parse_spec(
         exp.spec,
@@ -243,6 +258,12 @@ def decide(
         spec = desired_spec(exp, default_checkpoints)
     except SpecError as err:
         return _fail(step, old, api.REASON_INVALID_SPEC, str(err), None)
+    return replace(_decide_active(step, old, spec), spec=spec)
+
+
+def _decide_active(step: _Step, old: Status, spec: ExperimentSpec) -> Plan:
+    """`decide` for an experiment neither deleted nor finished, whose spec parsed."""
+    obs, exp = step.obs, step.exp
     newest = max((j.attempt for j in obs.jobs if j.attempt is not None), default=-1)
     if newest > old.attempt and not obs.fresh:
         return Plan(old, stale=True)
@@ -264,7 +285,7 @@ def decide(
         if status.job_uid is not None and status.job_name == name:
             # Someone deleted it; a new attempt stops the gang, so not on the watch's word alone.
             if obs.job_gone != status.job_uid:
-                return Plan(old, confirm_job_gone=(name, status.job_uid))
+                return Plan(old, read=Read(READ_JOB, name, status.job_uid))
             return _job_deleted(step, status, spec, name, events)
         return _start(step, status, spec, events)
     if status.job_uid != job.uid:
@@ -607,7 +628,7 @@ def _progress(
         events=events,
         delete_jobs=step.live_jobs(keep=job.name),
         requeue_after=min(waits, default=None),
-        needs_job_events=(job.name, job.uid)
+        read=Read(READ_JOB_EVENTS, job.name, job.uid)
         if wants_events and step.obs.job_events is None
         else None,
     )
@@ -640,7 +661,7 @@ def _queued(
     operator never unsuspends it."""
     queue = step.obs.queue
     if queue is None:
-        return Plan(status, needs_queue=(job.name, job.uid))
+        return Plan(status, read=Read(READ_QUEUE, job.name, job.uid))
     events = tuple(events)
     before = cond.find(status.conditions, api.COND_QUEUED)
     admitted_before = (

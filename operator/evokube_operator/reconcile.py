@@ -1,9 +1,11 @@
 """One reconcile of one experiment: decide (pure), then act, in a fixed order.
 
-    observe ─► decide ─► create the owned objects (when needed; a name conflict or a
-                         checkpoint claim not opted in: decide again, Blocked)
-                     ─► write status (one merge patch, resourceVersion-guarded)
-                     ─► post Events ─► delete Jobs ─► create the Job ─► (TTL) delete
+    observe ─► decide ⇄ read what its plan asks for (a Job the watch lost, the Job's
+                        events, Kueue's word on it), until the plan asks for nothing
+               ─► create the owned objects from the plan's spec (when needed; a name
+                  conflict or a checkpoint claim not opted in: decide again, Blocked)
+               ─► write status (one merge patch, resourceVersion-guarded)
+               ─► post Events ─► delete Jobs ─► create the Job ─► (TTL) delete
 
 The experiment, its Jobs and its pods come from the operator's watch caches,
 so an experiment whose gang is simply running costs no API call at all. A
@@ -27,11 +29,14 @@ from evokube_operator import conditions as cond
 from evokube_operator.decide import (
     JOB_EVENTS_REQUEUE_SECONDS,
     QUEUE_REQUEUE_SECONDS,
+    READ_JOB,
+    READ_JOB_EVENTS,
+    READ_QUEUE,
     Observation,
     Plan,
+    Read,
     Status,
     decide,
-    desired_spec,
 )
 from evokube_operator.kube import ApiError, Kube
 from evokube_operator.observe import JobEvent, JobView, PodView, QueueView
@@ -138,21 +143,11 @@ class Reconciler:
                 blocked or self._job_conflict(exp, old, job_conflict),
             )
             plan = decide(observation, self.timeouts, self.default_checkpoints)
-            if plan.confirm_job_gone is not None:
-                observation = self._look_for_job(exp, plan.confirm_job_gone, observation)
+            done: set[Read] = set()
+            while (read := plan.read) is not None and read not in done:
+                done.add(read)
+                observation = self._gather(exp, read, observation, memory)
                 plan = decide(observation, self.timeouts, self.default_checkpoints)
-            if plan.needs_job_events is not None:
-                events = self._job_events(exp.namespace, plan.needs_job_events, memory)
-                plan = decide(
-                    replace(observation, job_events=events),
-                    self.timeouts,
-                    self.default_checkpoints,
-                )
-            if plan.needs_queue is not None:
-                queue = self._queue(exp.namespace, plan.needs_queue, memory)
-                plan = decide(
-                    replace(observation, queue=queue), self.timeouts, self.default_checkpoints
-                )
             patch = plan.status.patch_from(old)
             if not fresh and (plan.stale or (plan.create_job is not None and not patch)):
                 body, fresh = self._read(key), True
@@ -193,12 +188,24 @@ class Reconciler:
                 return None
             raise
 
-    def _job_events(
-        self, namespace: str, job: tuple[str, str], memory: _Memory
-    ) -> tuple[JobEvent, ...]:
+    def _gather(
+        self, exp: Experiment, read: Read, observation: Observation, memory: _Memory
+    ) -> Observation:
+        """`observation` with what `read` asks for. decide asks for each read only while its
+        observation lacks it, and the reconcile does each at most once (a Job the API server
+        shows but the watch does not, and that the experiment does not own, is asked for
+        again: the plan without it stands), so a pass makes three reads at most."""
+        if read.what == READ_JOB:
+            return self._look_for_job(exp, read, observation)
+        if read.what == READ_JOB_EVENTS:
+            return replace(observation, job_events=self._job_events(exp.namespace, read, memory))
+        assert read.what == READ_QUEUE, read
+        return replace(observation, queue=self._queue(exp.namespace, read, memory))
+
+    def _job_events(self, namespace: str, job: Read, memory: _Memory) -> tuple[JobEvent, ...]:
         """The Job's FailedCreate events, listed at most once per JOB_EVENTS_REQUEUE_SECONDS
         (a failed read counts: it is a diagnosis, worth a log line, never a retry)."""
-        name, uid = job
+        name, uid = job.job, job.uid
 
         def read() -> tuple[JobEvent, ...]:
             selector = (
@@ -214,11 +221,11 @@ class Reconciler:
 
         return self._read_at_most_every(memory, "job_events", uid, JOB_EVENTS_REQUEUE_SECONDS, read)
 
-    def _queue(self, namespace: str, job: tuple[str, str], memory: _Memory) -> QueueView:
+    def _queue(self, namespace: str, job: Read, memory: _Memory) -> QueueView:
         """What Kueue says of the suspended Job's Workload, read at most once per
         QUEUE_REQUEUE_SECONDS. No Workload kind at all (404: Kueue not installed) reads as
         no Workload; other failures are logged and read the same."""
-        name, uid = job
+        name, uid = job.job, job.uid
 
         def read() -> QueueView:
             selector = f"{api.KUEUE_JOB_UID_LABEL}={uid}"
@@ -269,9 +276,9 @@ class Reconciler:
         process; while Blocked, the Job's own name is looked at too. Only the first two cost
         calls on a plain launch.
         """
-        if exp.deleting or plan.status.phase not in ACTIVE_PHASES:
+        spec = plan.spec
+        if exp.deleting or spec is None or plan.status.phase not in ACTIVE_PHASES:
             return None
-        spec = desired_spec(exp, self.default_checkpoints)  # active: decide parsed it
         creating = plan.create_job is not None
         if creating:
             blocker = self._references_blocker(exp, spec)
@@ -293,12 +300,10 @@ class Reconciler:
             log.warning("%s/%s: %s", exp.namespace, exp.name, blocker.message)
         return blocker if creating else None  # a running gang goes on
 
-    def _look_for_job(
-        self, exp: Experiment, job: tuple[str, str], observation: Observation
-    ) -> Observation:
+    def _look_for_job(self, exp: Experiment, job: Read, observation: Observation) -> Observation:
         """The watch no longer shows the current Job: the API server says whether it is gone
         (or being deleted), or the watch is just behind (then decide with the Job as read)."""
-        name, uid = job
+        name, uid = job.job, job.uid
         try:
             found: dict[str, Any] | None = self.kube.get("Job", exp.namespace, name)
         except ApiError as err:
@@ -359,8 +364,9 @@ class Reconciler:
             if self.kube.delete("Job", exp.namespace, name, uid=owned[name]):
                 log.info("%s/%s: deleted Job %s", exp.namespace, exp.name, name)
         requeue = plan.requeue_after
-        if plan.create_job is not None:  # decide parsed the spec to plan this
-            spec = desired_spec(exp, self.default_checkpoints)
+        if plan.create_job is not None:
+            spec = plan.spec
+            assert spec is not None, "decide plans a Job only from a parsed spec"
             job = builders.job(exp, spec, plan.create_job, plan.job_deadline)
             name = job["metadata"]["name"]
             try:

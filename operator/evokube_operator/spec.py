@@ -67,8 +67,8 @@ class ExperimentSpec:
     max_restarts: int = 3
     ttl_seconds_after_finished: int | None = None
     active_deadline_seconds: int | None = None
-    metrics_port: int = 9100
-    coordinator_port: int = 8476
+    metrics_port: int = api.METRICS_PORT
+    coordinator_port: int = api.COORDINATOR_PORT
     # Pod settings: the CRD's typed schema has checked them; they reach the pod as written.
     service_account_name: str | None = None  # None: the operator's <name>-trainer
     termination_grace_period_seconds: int | None = None  # None: Kubernetes' 30 s
@@ -295,9 +295,12 @@ def parse_spec(
         active_deadline_seconds=_int(
             raw.get("activeDeadlineSeconds"), "activeDeadlineSeconds", None, 1, MAX_SECONDS
         ),
-        metrics_port=_int(raw.get("metricsPort"), "metricsPort", 9100, minimum=1) or 9100,
-        coordinator_port=_int(raw.get("coordinatorPort"), "coordinatorPort", 8476, minimum=1)
-        or 8476,
+        metrics_port=_int(raw.get("metricsPort"), "metricsPort", api.METRICS_PORT, minimum=1)
+        or api.METRICS_PORT,
+        coordinator_port=_int(
+            raw.get("coordinatorPort"), "coordinatorPort", api.COORDINATOR_PORT, minimum=1
+        )
+        or api.COORDINATOR_PORT,
         service_account_name=raw.get("serviceAccountName") or None,
         termination_grace_period_seconds=_int(
             raw.get("terminationGracePeriodSeconds"), "terminationGracePeriodSeconds", None, 1, 3600

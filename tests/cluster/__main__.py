@@ -6,9 +6,12 @@
 
 The cluster lives in $EVOKUBE_CLUSTER_DIR (default ~/.cache/evokube/dev-cluster).
 Tests reuse it instead of starting their own when EVOKUBE_TEST_CLUSTER names it.
+Programs that are not tests (benchmarks/operator_scale.py) drive it through this command
+line, `up --json` telling them where it is, rather than importing the tests.
 """
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -28,8 +31,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dir", type=Path, default=Path(os.environ.get("EVOKUBE_CLUSTER_DIR", DEFAULT_DIR))
     )
+    parser.add_argument(
+        "--controller-manager-qps",
+        type=int,
+        help="up: kube-controller-manager's client rate limit (its default: 20/s, burst 30)",
+    )
+    parser.add_argument(
+        "--pool-size",
+        action="append",
+        default=[],
+        metavar="POOL=N",
+        help="up: N fake nodes in nodes.yaml's POOL instead of its count (repeatable)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="up: print one JSON object (kubeconfig, kubectl, server, pids) instead",
+    )
     args = parser.parse_args(argv)
-    plane = ControlPlane(args.dir)
+    sizes = {pool: int(n) for pool, _, n in (s.partition("=") for s in args.pool_size)}
+    plane = ControlPlane(
+        args.dir, controller_manager_qps=args.controller_manager_qps, pool_sizes=sizes
+    )
     if args.command == "down":
         plane.stop()
         print(f"stopped the cluster in {args.dir}")
@@ -45,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     kubectl = plane.binaries.path("kubectl")
     helm = plane.binaries.path("helm")
+    if args.json:
+        where = {"kubeconfig": str(plane.kubeconfig), "kubectl": kubectl}
+        print(json.dumps({**where, "server": plane.state.server, "pids": plane.state.pids}))
+        return 0
     print(f"cluster up: {plane.state.server} (logs in {args.dir / 'logs'})")
     print("point kubectl and helm at it with:")
     print(f"  export KUBECONFIG={plane.kubeconfig}")

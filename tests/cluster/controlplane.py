@@ -24,7 +24,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -147,12 +147,15 @@ class ControlPlane:
         workdir: Path,
         binaries: Binaries | None = None,
         controller_manager_qps: int | None = None,
+        pool_sizes: Mapping[str, int] | None = None,
     ):
         """`controller_manager_qps` raises kube-controller-manager's client rate limit (burst
-        twice that) from its default of 20/s; scale benchmarks need it, tests do not."""
+        twice that) from its default of 20/s; `pool_sizes` overrides nodes.yaml's node count of
+        the pools it names. Scale benchmarks need them, tests do not."""
         self.workdir = Path(workdir).resolve()
         self._binaries = binaries
         self._kcm_qps = controller_manager_qps
+        self._pool_sizes = dict(pool_sizes or {})
         self._procs: dict[str, subprocess.Popen] = {}
         self.state = ClusterState.load(self.workdir)
 
@@ -550,7 +553,7 @@ class ControlPlane:
 
     def _create_nodes(self, timeout: float) -> None:
         """Create the fake node pools of nodes.yaml and wait until all are Ready."""
-        manifests = fake_nodes()
+        manifests = fake_nodes(self._pool_sizes)
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(manifests))
         names = [m["metadata"]["name"] for m in manifests]
 
@@ -569,13 +572,17 @@ class ControlPlane:
         self._wait("kwok", all_ready, timeout, f"managing {len(names)} Ready nodes")
 
 
-def fake_nodes() -> list[dict]:
-    """The nodes of every pool of nodes.yaml, named <pool>-<i>."""
+def fake_nodes(sizes: Mapping[str, int] | None = None) -> list[dict]:
+    """The nodes of every pool of nodes.yaml, named <pool>-<i>: as many as `sizes` says, else
+    as its count."""
     pools = yaml.safe_load((HERE / "nodes.yaml").read_text())["pools"]
+    unknown = set(sizes or {}) - set(pools)
+    if unknown:
+        raise ClusterError(f"nodes.yaml has no pool {sorted(unknown)}")
     return [
         fake_node(f"{pool}-{i}", pool, spec)
         for pool, spec in pools.items()
-        for i in range(spec["count"])
+        for i in range((sizes or {}).get(pool, spec["count"]))
     ]
 
 

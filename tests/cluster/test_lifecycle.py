@@ -75,9 +75,16 @@ def test_a_component_that_fails_to_start_is_named_with_its_log(tmp_path):
 def test_up_and_down_by_hand_leave_no_process_behind(tmp_path):
     env = {**os.environ, "EVOKUBE_CLUSTER_DIR": str(tmp_path / "dev")}
     cli = [sys.executable, "-m", "tests.cluster"]
-    up = subprocess.run([*cli, "up"], cwd=REPO, env=env, capture_output=True, text=True)
+    # What benchmarks/operator_scale.py asks for: a bigger CPU pool, and where it all is.
+    up = subprocess.run(
+        [*cli, "up", "--json", "--pool-size=cpu=6"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert up.returncode == 0, up.stderr
-    assert f"export KUBECONFIG={tmp_path / 'dev' / 'kubeconfig'}" in up.stdout
+    where = json.loads(up.stdout)
     plane = ControlPlane(tmp_path / "dev")
     pids = dict(plane.state.pids)
     assert set(pids) == {
@@ -87,9 +94,26 @@ def test_up_and_down_by_hand_leave_no_process_behind(tmp_path):
         "kube-scheduler",
         "kwok",
     }
+    assert where == {
+        "kubeconfig": str(plane.kubeconfig),
+        "kubectl": plane.binaries.path("kubectl"),
+        "server": plane.state.server,
+        "pids": pids,
+    }
     assert plane.is_running()
     nodes = plane.kubectl("get", "nodes", "-o", "name").stdout.split()
-    assert sorted(nodes) == sorted(f"node/{n['metadata']['name']}" for n in fake_nodes())
+    expected = fake_nodes({"cpu": 6})
+    assert sorted(nodes) == sorted(f"node/{n['metadata']['name']}" for n in expected)
+    pools = [n["metadata"]["labels"]["evokube.io/test-pool"] for n in expected]
+    assert pools.count("cpu") == 6
+    assert [n for n in expected if "cpu" not in n["metadata"]["name"]] == [
+        n for n in fake_nodes() if "cpu" not in n["metadata"]["name"]
+    ]
+    # `up` again finds it running, and says how to use it.
+    again = subprocess.run([*cli, "up"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert f"export KUBECONFIG={tmp_path / 'dev' / 'kubeconfig'}" in again.stdout
+    assert plane.state.pids == ControlPlane(tmp_path / "dev").state.pids  # the same processes
 
     down = subprocess.run([*cli, "down"], cwd=REPO, env=env, capture_output=True, text=True)
     assert down.returncode == 0, down.stderr

@@ -10,9 +10,12 @@ from evokube_operator.conditions import find
 from evokube_operator.decide import (
     BLOCKED_REQUEUE_SECONDS,
     QUEUE_REQUEUE_SECONDS,
+    READ_JOB,
+    READ_QUEUE,
     STUCK_POD_MARGIN,
     WAIT_FOR_PODS_REQUEUE_SECONDS,
     Observation,
+    Read,
     Status,
     decide,
     desired_spec,
@@ -390,7 +393,7 @@ def json_status(plan):
 def test_a_suspended_job_asks_what_kueue_says_then_shows_it_as_queued():
     status = queued_status()
     asked = decide(observe(status, [job(0, suspended=True)], queueName="tpu-q"))
-    assert asked.needs_queue == ("demo-0", "job-uid-0") and asked.create_job is None
+    assert asked.read == Read(READ_QUEUE, "demo-0", "job-uid-0") and asked.create_job is None
     obs = replace(observe(status, [job(0, suspended=True)], queueName="tpu-q"), queue=WAITING)
     plan = decide(obs)
     assert plan.status.phase == api.QUEUED
@@ -659,7 +662,7 @@ def test_the_operator_records_the_uid_of_the_job_it_sees():
 )
 def test_a_job_deleted_by_someone_else_is_a_preemption_under_a_new_name(jobs, expected):
     unconfirmed = decide(observe(running_status(restarts=0), jobs))
-    assert unconfirmed.confirm_job_gone == ("demo-0", "job-uid-0")  # not on the watch's word
+    assert unconfirmed.read == Read(READ_JOB, "demo-0", "job-uid-0")  # not on the watch's word
     assert unconfirmed.status == Status.from_dict(running_status(restarts=0))
     assert (unconfirmed.create_job, unconfirmed.delete_jobs, unconfirmed.events) == (None, (), ())
     plan = decide(replace(observe(running_status(restarts=0), jobs), job_gone="job-uid-0"))

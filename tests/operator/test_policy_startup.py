@@ -11,7 +11,10 @@ from evokube_operator.conditions import find
 from evokube_operator.decide import (
     JOB_EVENTS_GRACE_SECONDS,
     JOB_EVENTS_REQUEUE_SECONDS,
+    READ_JOB_EVENTS,
+    READ_QUEUE,
     Observation,
+    Read,
     decide,
 )
 from evokube_operator.observe import JobEvent, PodView
@@ -228,20 +231,20 @@ def blocked(plan):
 
 def test_a_gang_lacking_pods_asks_for_its_jobs_events_and_comes_back():
     plan = decide(observe([pod(0, "Pending")]))
-    assert plan.needs_job_events == ("demo-0", "job-uid-0")
+    assert plan.read == Read(READ_JOB_EVENTS, "demo-0", "job-uid-0")
     assert plan.requeue_after == JOB_EVENTS_REQUEUE_SECONDS
     given = decide(observe([pod(0, "Pending")], events=()))
-    assert given.needs_job_events is None and blocked(given) is None
+    assert given.read is None and blocked(given) is None
 
 
 def test_a_young_job_or_a_full_gang_costs_no_event_read():
     young = decide(observe([], created_ago=1.0))
-    assert young.needs_job_events is None
+    assert young.read is None
     assert young.requeue_after == pytest.approx(JOB_EVENTS_GRACE_SECONDS - 1.0)
     full = decide(observe([pod(0, "Pending"), pod(1, "Pending")]))
-    assert full.needs_job_events is None and full.requeue_after is None
+    assert full.read is None and full.requeue_after is None
     running = decide(observe([pod(0), pod(1)]))
-    assert running.needs_job_events is None and running.status.phase == api.RUNNING
+    assert running.read is None and running.status.phase == api.RUNNING
 
 
 def test_a_refused_pod_fails_the_experiment_and_stops_its_job():
@@ -302,7 +305,7 @@ def test_a_suspended_job_is_waiting_for_admission_not_blocked():
     exp = observe([unschedulable(0, ago=900)], events=(created(QUOTA),))
     held = replace(exp, jobs=(replace(exp.jobs[0], suspended=True),))
     plan = decide(held)
-    assert blocked(plan) is None and plan.needs_job_events is None
+    assert blocked(plan) is None and plan.read == Read(READ_QUEUE, "demo-0", "job-uid-0")
 
 
 # -- through the reconciler -------------------------------------------------------------------

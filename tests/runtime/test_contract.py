@@ -24,6 +24,7 @@ from evokube_trainer.runtime.config import to_run_config
 from evokube_trainer.runtime.distributed import ProcessGroup
 from evokube_trainer.runtime.exitcodes import PERMANENT, RETRIABLE, SUCCESS, PermanentError
 from evokube_trainer.runtime.inputs import Inputs
+from tests.bad_manifests import with_changes
 from tests.operator.factories import TPU, experiment
 
 ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
@@ -88,7 +89,17 @@ def _ports(job: dict) -> dict[str, int]:
         ({"accelerator": {"type": "cpu", "hosts": 2, "devicesPerHost": 4}}, 1),
         ({"accelerator": {"type": "cpu", "devicesPerHost": 1}}, 0),
         ({"accelerator": TPU, "checkpoint": {"location": "gs://bucket/runs/demo"}}, 3),
-        ({"metricsPort": 9200, "coordinatorPort": 9300, "env": [{"name": "A", "value": "b"}]}, 0),
+        (
+            {
+                "metricsPort": 9200,
+                "coordinatorPort": 9300,
+                "env": [
+                    {"name": "A", "value": "b"},
+                    {"name": "EVOKUBE_LOG_LEVEL", "value": "debug"},
+                ],
+            },
+            0,
+        ),
     ],
 )
 def test_the_trainer_reads_what_the_operator_meant(tmp_path, overrides, index):
@@ -97,8 +108,9 @@ def test_the_trainer_reads_what_the_operator_meant(tmp_path, overrides, index):
     attempt = 2
     job = builders.job(exp, spec, attempt)
     env = pod_as_trainer_sees_it(job, index, tmp_path)
-    operators = [v["name"] for v in builders.trainer_env(exp, spec, attempt)]
-    assert set(operators) <= set(contract.ENV_VARS)
+    operators = {v["name"] for v in builders.trainer_env(exp, spec, attempt)}
+    on_type = contract.OPERATOR_ENV_ON.get(spec.accelerator.type, ())
+    assert set(contract.OPERATOR_ENV) <= operators <= {*contract.OPERATOR_ENV, *on_type}
 
     inputs = Inputs.from_env(env)
     config = to_run_config(manifest.load(inputs.manifest))
@@ -114,6 +126,8 @@ def test_the_trainer_reads_what_the_operator_meant(tmp_path, overrides, index):
     assert inputs.metrics_port == spec.metrics_port == _ports(job)["metrics"]
     assert inputs.report_status
     assert inputs.history is None
+    users = {v["name"]: v["value"] for v in overrides.get("env", ())}
+    assert inputs.log_level == users.get(contract.ENV_LOG_LEVEL, "info").upper()
     if contract.ENV_TPU_WORKER_ID in env:
         assert env[contract.ENV_TPU_WORKER_ID] == str(index)
 
@@ -140,11 +154,36 @@ def test_evokube_run_gives_its_processes_what_a_pod_gets(tmp_path):
             {"EVOKUBE_MANIFEST": "m", "JAX_COORDINATOR_ADDRESS": "h:1", "JAX_PROCESS_ID": "2"},
             "outside",
         ),
+        ({"EVOKUBE_MANIFEST": "m", "EVOKUBE_LOG_LEVEL": "loud"}, "EVOKUBE_LOG_LEVEL='loud'"),
     ],
 )
 def test_a_bad_environment_is_permanent(env, message):
     with pytest.raises(PermanentError, match=message):
         Inputs.from_env(env)
+
+
+@pytest.mark.parametrize(
+    "accelerator",
+    [
+        {"type": "cpu"},
+        {"type": "gpu", "gpu": {"count": 1}},
+        {"type": "tpu", "tpu": {"type": "tpu-v5-lite-podslice", "topology": "4x4"}},
+    ],
+    ids=lambda acc: acc["type"],
+)
+def test_spec_env_may_set_what_the_contract_leaves_to_users_and_nothing_else(accelerator):
+    # The CRD's rules on spec.env, as `evokube validate` applies them (the same as the API
+    # server's: tests/operator/test_crd.py), against the contract's lists.
+    operators = {*contract.OPERATOR_ENV, *contract.OPERATOR_ENV_ON.get(accelerator["type"], ())}
+    refused, expected = {}, {}
+    for name in (*contract.ENV_VARS, f"{contract.ENV_PREFIX}ANYTHING", "WANDB_API_KEY"):
+        doc = with_changes({"spec.accelerator": accelerator, "spec.env": [{"name": name}]})
+        errors = manifest.check(doc)[1]
+        refused[name] = any(e.path.startswith("spec.env") for e in errors)
+        reserved = name.startswith(contract.ENV_PREFIX) and name not in contract.USER_ENV
+        expected[name] = name in operators or reserved
+    assert refused == expected
+    assert not any(refused[name] for name in contract.USER_ENV)
 
 
 def _table(heading: str) -> list[list[str]]:

@@ -90,7 +90,7 @@ def process_env(
     spec = manifest["spec"]
     env = {
         **os.environ,
-        contract.ENV_MANIFEST: str(run_dir / "experiment.yaml"),
+        contract.ENV_MANIFEST: str(run_dir / contract.MANIFEST_FILE),
         contract.ENV_CHECKPOINT_DIR: checkpoint_dir(manifest, run_dir),
         contract.ENV_METRICS_PORT: str(metrics_port),
         contract.ENV_HISTORY: str(run_dir / contract.HISTORY_FILE),
@@ -156,7 +156,7 @@ class Progress:
 
 def write_reports(run_dir: Path) -> list[Path]:
     """history.csv and learning-curve.png from history.jsonl."""
-    rows = read_history(run_dir / "history.jsonl")
+    rows = read_history(run_dir / contract.HISTORY_FILE)
     if not rows:
         return []
     columns = sorted({k for row in rows for k in row}, key=lambda k: (k != "generation", k))
@@ -193,7 +193,7 @@ def run_locally(
     name = manifest["metadata"]["name"]
     run_dir = (runs_root / name).resolve()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (run_dir / "experiment.yaml").write_text(yaml.safe_dump(dict(manifest), sort_keys=False))
+    (run_dir / contract.MANIFEST_FILE).write_text(yaml.safe_dump(dict(manifest), sort_keys=False))
     spec = manifest["spec"]
     coordinator = _free_port()
     metrics_ports = [
@@ -215,7 +215,9 @@ def run_locally(
         flush=True,
     )
 
-    progress = Progress(run_dir / "history.jsonl", spec["stopping"].get("maxGenerations"), out)
+    progress = Progress(
+        run_dir / contract.HISTORY_FILE, spec["stopping"].get("maxGenerations"), out
+    )
     procs = []
     for i in range(processes):
         log = (run_dir / "logs" / f"process-{i}.log").open("ab")

@@ -15,7 +15,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from evokube_contract import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+from evokube_contract import (
+    ENV_COORDINATOR,
+    ENV_NUM_PROCESSES,
+    ENV_PROCESS_ID,
+    ENV_TPU_WORKER_HOSTNAMES,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +82,7 @@ def initialize(
     import jax
 
     if group is None:
-        if os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") > 0:
+        if os.environ.get(ENV_TPU_WORKER_HOSTNAMES, "").count(",") > 0:
             # A multi-host Cloud TPU slice without our variables: JAX finds its peers.
             jax.distributed.initialize(
                 initialization_timeout=initialization_timeout_s,

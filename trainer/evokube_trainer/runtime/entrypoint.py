@@ -2,9 +2,10 @@
 
 Inputs come from the environment (docs/architecture.md, read by `inputs.Inputs`):
 EVOKUBE_MANIFEST, JAX_* for the process group, EVOKUBE_CHECKPOINT_DIR,
-EVOKUBE_METRICS_PORT, EVOKUBE_REPORT_STATUS, and EVOKUBE_HISTORY (a second
+EVOKUBE_METRICS_PORT, EVOKUBE_REPORT_STATUS, EVOKUBE_HISTORY (a second
 JSON-lines file for each generation's metrics; the first is history.jsonl
-beside the checkpoints, next to TensorBoard's tensorboard/); WANDB_API_KEY, if
+beside the checkpoints, next to TensorBoard's tensorboard/) and the user's
+EVOKUBE_LOG_LEVEL; WANDB_API_KEY, if
 the pod has it, turns on the optional W&B run; everything else, the
 experiment's name and namespace too, from the manifest. The exit code tells
 the operator what to do next: 0 done, 75 restart from checkpoint, 78 give up.
@@ -18,13 +19,18 @@ import os
 import sys
 import tempfile
 
-from evokube_contract import HISTORY_FILE, TENSORBOARD_SUBDIR
+from evokube_contract import (
+    ENV_TERMINATION_LOG,
+    HISTORY_FILE,
+    TENSORBOARD_SUBDIR,
+    TERMINATION_LOG,
+)
 from evokube_trainer.runtime import exitcodes
 
 
 def main() -> int:
-    logging.basicConfig(
-        level=os.environ.get("EVOKUBE_LOG_LEVEL", "INFO"),
+    logging.basicConfig(  # at the user's level once the inputs are read
+        level=logging.INFO,
         format="%(asctime)s %(levelname)s [process %(process)d] %(name)s: %(message)s",
     )
     logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every save step at INFO
@@ -48,7 +54,7 @@ def write_termination_message(reason: str) -> None:
     """Put `reason` where the kubelet reads the container's termination message (the operator
     copies it into the experiment's status), so it is not lost among later log lines. Outside a
     pod (no such file) this does nothing; the reason is in the log either way."""
-    path = os.environ.get("EVOKUBE_TERMINATION_LOG", "/dev/termination-log")
+    path = os.environ.get(ENV_TERMINATION_LOG, TERMINATION_LOG)
     if not os.path.exists(path):
         return
     try:
@@ -63,6 +69,7 @@ def _run(log: logging.Logger) -> int:
     from evokube_trainer.runtime.inputs import Inputs
 
     inputs = Inputs.from_env()
+    logging.getLogger().setLevel(inputs.log_level)
     try:
         loaded = manifest.load(inputs.manifest)
     except manifest.ManifestError as err:

@@ -1,12 +1,14 @@
 """What the trainer reads from its environment: its half of evokube_contract, in one place.
 
 The operator sets these variables on every pod (builders.trainer_env), `evokube run` on every
-local process (local.process_env). Everything else comes from the manifest at `manifest`:
-what the user wrote, and the experiment's name and namespace (its metadata).
+local process (local.process_env); the log level is the user's (spec.env). Everything else comes
+from the manifest at `manifest`: what the user wrote, and the experiment's name and namespace
+(its metadata).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from evokube_contract import (
     ENV_CHECKPOINT_DIR,
     ENV_HISTORY,
+    ENV_LOG_LEVEL,
     ENV_MANIFEST,
     ENV_METRICS_PORT,
     ENV_REPORT_STATUS,
@@ -30,6 +33,7 @@ class Inputs:
     metrics_port: int | None  # None or 0: no /metrics server
     report_status: bool  # process 0 patches status.progress
     history: str | None  # a second history.jsonl (`evokube run`)
+    log_level: str  # a logging level's name (the user's, through spec.env)
 
     @property
     def process_id(self) -> int:
@@ -48,6 +52,12 @@ class Inputs:
             metrics_port = int(port) if port else None
         except ValueError as err:
             raise PermanentError(str(err)) from None
+        level = (env.get(ENV_LOG_LEVEL) or "INFO").upper()
+        if level not in logging.getLevelNamesMapping():
+            raise PermanentError(
+                f"{ENV_LOG_LEVEL}={env[ENV_LOG_LEVEL]!r} is not a logging level "
+                "(DEBUG, INFO, WARNING, ERROR or CRITICAL)"
+            )
         return cls(
             manifest=manifest,
             group=group,
@@ -55,4 +65,5 @@ class Inputs:
             metrics_port=metrics_port,
             report_status=env.get(ENV_REPORT_STATUS) == "1",
             history=env.get(ENV_HISTORY) or None,
+            log_level=level,
         )
