@@ -14,8 +14,14 @@ import pytest
 from evokube_trainer.agents import SACConfig, TD3Config
 from evokube_trainer.runtime import manifest
 from evokube_trainer.runtime.algorithms import ALGORITHMS, CEM_RL, EC, ERL, PBT
-from evokube_trainer.runtime.config import PBT_HYPERPARAMETERS, to_run_config
-from evokube_trainer.workflows import CEMRLConfig, ECConfig, ERLConfig, PBTConfig
+from evokube_trainer.runtime.config import to_run_config
+from evokube_trainer.workflows import (
+    PBT_HYPERPARAMETERS,
+    CEMRLConfig,
+    ECConfig,
+    ERLConfig,
+    PBTConfig,
+)
 from tests.bad_manifests import with_changes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +58,7 @@ def _choices():
 
 def _rl(name: str, **fields) -> dict:
     """spec.algorithm.rl for a learning algorithm: K = 2, except for pbt (K = population)."""
-    return fields if ALGORITHMS[name].workflow == PBT else {"numAgents": 2, **fields}
+    return fields if ALGORITHMS[name].kind is PBT else {"numAgents": 2, **fields}
 
 
 def _manifest(name: str, ec: dict, **changes) -> dict:
@@ -85,7 +91,7 @@ def test_the_crd_refuses_exactly_the_ec_fields_the_registry_says_are_unused(name
         assert [e.path for e in errors] == ([] if used else [f"spec.algorithm.ec.{field}"]), field
         if used:
             config = to_run_config(defaulted).workflow  # and the trainer builds it
-            assert config.optimizer == entry.distribution(ec).optimizer
+            assert config.optimizer == entry.distribution(ec).name
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
@@ -108,7 +114,7 @@ def test_rl_settings_are_required_exactly_by_the_learning_algorithms(name):
     assert [e.path for e in manifest.check(without)[1]] == (refused if entry.learns else [])
     assert [e.path for e in manifest.check(with_rl)[1]] == ([] if entry.learns else refused)
     config = to_run_config(manifest.check(with_rl if entry.learns else without)[0]).workflow
-    assert type(config) is CONFIG_TYPES[entry.workflow]
+    assert type(config) is CONFIG_TYPES[entry.kind]
 
 
 @pytest.mark.parametrize(("name", "choice"), list(_choices()), ids=str)
@@ -180,7 +186,7 @@ def test_the_docs_list_every_algorithm_with_its_workflow_and_distributions():
             rows[cells[0].strip("`")] = cells
     assert list(rows) == list(ALGORITHMS)
     for name, entry in ALGORITHMS.items():
-        assert rows[name][1] == entry.workflow, name
+        assert rows[name][1] == entry.kind.name, name
         assert rows[name][2] == (", ".join(entry.distributions) or "none"), name
         assert rows[name][3] == ("yes" if entry.normalize_observations else "no"), name
 

@@ -8,22 +8,25 @@
 `Workflow.step` (one generation) and `Workflow.evaluate` are pure; `jit_workflow` jits them and
 `learn` drives them from the host. `DeviceLayout` spreads a generation over many devices and
 processes. States are plain pytrees; `runtime.checkpoints` saves and restores them with Orbax.
+
+`KINDS` (one entry per workflow kind: its config class, how a spec builds it, its learner) and
+`OPTIMIZERS` (one entry per EC optimizer) are the registry that `make_workflow`, the runtime's
+spec parser and the CRD generator all read.
 """
 
+from evokube_trainer.workflows._build import actor_network, make_workflow
 from evokube_trainer.workflows._configs import (
-    OPTIMIZERS,
     CEMRLConfig,
     ECConfig,
     EnvConfig,
     ERLConfig,
     PBTConfig,
     ReplayConfig,
-    actor_network,
+    WorkflowConfig,
     env_from_config,
     episode_length_of,
-    make_optimizer,
-    make_workflow,
 )
+from evokube_trainer.workflows._kinds import KINDS, WorkflowKind, kind_of
 from evokube_trainer.workflows._layout import DeviceLayout
 from evokube_trainer.workflows._learners import (
     IndependentAgents,
@@ -31,8 +34,14 @@ from evokube_trainer.workflows._learners import (
     SharedCritic,
     SharedCriticState,
 )
+from evokube_trainer.workflows._optimizers import OPTIMIZERS, Optimizer, make_optimizer
 from evokube_trainer.workflows._pbt import PBTState, PopulationBasedTraining
 from evokube_trainer.workflows._rollout import PopulationRollout, RolloutResult, random_transitions
+from evokube_trainer.workflows._spec import (
+    PBT_HYPERPARAMETERS,
+    to_env_config,
+    to_environment_spec,
+)
 from evokube_trainer.workflows._workflow import (
     JittedWorkflow,
     Workflow,
@@ -41,7 +50,9 @@ from evokube_trainer.workflows._workflow import (
 )
 
 __all__ = [
+    "KINDS",
     "OPTIMIZERS",
+    "PBT_HYPERPARAMETERS",
     "CEMRLConfig",
     "DeviceLayout",
     "ECConfig",
@@ -50,6 +61,7 @@ __all__ = [
     "IndependentAgents",
     "JittedWorkflow",
     "Learner",
+    "Optimizer",
     "PBTConfig",
     "PBTState",
     "PopulationBasedTraining",
@@ -59,12 +71,17 @@ __all__ = [
     "SharedCritic",
     "SharedCriticState",
     "Workflow",
+    "WorkflowConfig",
+    "WorkflowKind",
     "WorkflowState",
     "actor_network",
     "env_from_config",
     "episode_length_of",
     "jit_workflow",
+    "kind_of",
     "make_optimizer",
     "make_workflow",
     "random_transitions",
+    "to_env_config",
+    "to_environment_spec",
 ]
