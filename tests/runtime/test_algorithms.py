@@ -1,6 +1,7 @@
 """The algorithm registry, the CRD and the docs say the same thing.
 
-The CRD's rules are evaluated as the API server would (manifest.check runs its CEL), for every
+The CRD's algorithm rules are generated from the registry (`python -m evokube_trainer.generate`);
+here they are evaluated as the API server would (manifest.check runs its CEL), for every
 algorithm, every distribution it may pick and every spec.algorithm.ec field, so a rule that
 names the wrong algorithms fails here, not at a user's admission.
 """
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from evokube_trainer import generate
 from evokube_trainer.agents import SACConfig, TD3Config
 from evokube_trainer.runtime import manifest
 from evokube_trainer.runtime.algorithms import ALGORITHMS, CEM_RL, EC, ERL, PBT
@@ -70,6 +72,21 @@ def _manifest(name: str, ec: dict, **changes) -> dict:
 
 def test_the_crd_offers_exactly_the_registered_algorithms():
     assert _algorithm_schema()["properties"]["name"]["enum"] == list(ALGORITHMS)
+
+
+def test_the_crds_algorithm_rules_are_the_generated_ones():
+    """The rules as the API server reads them (tests/trainer/test_catalog.py checks the text)."""
+
+    def in_crd(rule: generate.Rule) -> dict:
+        return {"rule": rule.rule, "fieldPath": rule.field_path, "message": rule.message}
+
+    stale = f"run `{generate.COMMAND}` and commit both CRD copies"
+    for rule in generate.algorithm_rules(ALGORITHMS):
+        assert in_crd(rule) in _algorithm_schema()["x-kubernetes-validations"], stale
+    spec_rules = manifest.crd_schema()["properties"]["spec"]["x-kubernetes-validations"]
+    assert in_crd(generate.mirrored_rule(ALGORITHMS)) in spec_rules, stale
+    distribution = _algorithm_schema()["properties"]["ec"]["properties"]["distribution"]
+    assert distribution["enum"] == ["sep-cem", "openes"]
 
 
 def test_the_crd_has_an_ec_field_for_everything_a_distribution_reads():
