@@ -26,7 +26,7 @@ from evokube_trainer.workflows._configs import (
     env_from_config,
     episode_length_of,
 )
-from evokube_trainer.workflows._kinds import KINDS, WorkflowKind, kind_of
+from evokube_trainer.workflows._kinds import KINDS, WorkflowKind
 from evokube_trainer.workflows._layout import DeviceLayout
 from evokube_trainer.workflows._learners import (
     IndependentAgents,
@@ -78,7 +78,6 @@ __all__ = [
     "env_from_config",
     "episode_length_of",
     "jit_workflow",
-    "kind_of",
     "make_optimizer",
     "make_workflow",
     "random_transitions",

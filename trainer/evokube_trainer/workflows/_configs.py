@@ -66,7 +66,8 @@ class _PopulationConfig:
 
     def __post_init__(self):
         if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}; expected one of {OPTIMIZERS}")
+            known = sorted(OPTIMIZERS)
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; expected one of {known}")
 
 
 @dataclasses.dataclass(frozen=True)
