@@ -44,6 +44,7 @@ import tempfile
 import time
 
 from benchmarks._common import REPO, load, print_header, print_row
+from evokube_contract import EXECUTABLES_SUBDIR, XLA_CACHE_SUBDIR
 
 # Issue 23's table: EvoRL's generations/s on one TPU v5e chip (JAX 0.10.2).
 EVORL_GEN_PER_S = {
@@ -271,7 +272,7 @@ def main(argv=None) -> None:
         try:
             first = spawn(row, directory, 1, args)
             warm = spawn(row, directory, 2, args)
-            for cached in ("xla-cache", "executables"):
+            for cached in (XLA_CACHE_SUBDIR, EXECUTABLES_SUBDIR):
                 shutil.rmtree(os.path.join(directory, cached), ignore_errors=True)
             cold = spawn(row, directory, 3, args, throughput=True)
         finally:

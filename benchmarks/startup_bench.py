@@ -46,7 +46,11 @@ from benchmarks._common import (  # noqa: E402
     run_children,
 )
 from benchmarks.config_flags import add_config_arguments, config_arguments  # noqa: E402
-from evokube_contract import CHECKPOINTS_SUBDIR, XLA_CACHE_SUBDIR  # noqa: E402
+from evokube_contract import (  # noqa: E402
+    CHECKPOINTS_SUBDIR,
+    EXECUTABLES_SUBDIR,
+    XLA_CACHE_SUBDIR,
+)
 
 # jax.monitoring duration events -> where compile-related time went (seconds, summed).
 EVENTS = {
@@ -126,15 +130,15 @@ def run_child(algo: str, env: str, checkpoint_dir: str, stop_at: int, args) -> d
 
 def restart(algo: str, env: str, workdir: str, saved: str, cache: bool, args) -> dict:
     """A new process resuming from the first start's checkpoint in the same directory (XLA's
-    cache keys include the cache's path), with or without the first start's compilations."""
+    cache keys include the cache's path), with or without the first start's compilations (the
+    XLA cache and the compiled programs)."""
     shutil.rmtree(workdir)
     shutil.copytree(
         os.path.join(saved, CHECKPOINTS_SUBDIR), os.path.join(workdir, CHECKPOINTS_SUBDIR)
     )
     if cache:
-        shutil.copytree(
-            os.path.join(saved, XLA_CACHE_SUBDIR), os.path.join(workdir, XLA_CACHE_SUBDIR)
-        )
+        for compiled in (XLA_CACHE_SUBDIR, EXECUTABLES_SUBDIR):
+            shutil.copytree(os.path.join(saved, compiled), os.path.join(workdir, compiled))
     return run_child(algo, env, workdir, 3, args)  # resumes at 1, runs 2 and 3
 
 

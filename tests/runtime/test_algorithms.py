@@ -1,21 +1,45 @@
 """The algorithm registry, the CRD and the docs say the same thing.
 
-The CRD's rules are evaluated as the API server would (manifest.check runs its CEL), for every
+The CRD's algorithm rules are generated from the registry (`python -m evokube_trainer.generate`);
+here they are evaluated as the API server would (manifest.check runs its CEL), for every
 algorithm, every distribution it may pick and every spec.algorithm.ec field, so a rule that
-names the wrong algorithms fails here, not at a user's admission.
+names the wrong algorithms fails here, not at a user's admission. A new algorithm is one
+registry entry: the last test adds one and runs it from a manifest.
 """
 
 import dataclasses
 import re
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
+import yaml
 
+from evokube_trainer import generate
 from evokube_trainer.agents import SACConfig, TD3Config
+from evokube_trainer.envs import catalog
 from evokube_trainer.runtime import manifest
-from evokube_trainer.runtime.algorithms import ALGORITHMS, CEM_RL, EC, ERL, PBT
-from evokube_trainer.runtime.config import PBT_HYPERPARAMETERS, to_run_config
-from evokube_trainer.workflows import CEMRLConfig, ECConfig, ERLConfig, PBTConfig
+from evokube_trainer.runtime.algorithms import (
+    ALGORITHMS,
+    CEM_RL,
+    EC,
+    ERL,
+    PBT,
+    Algorithm,
+    registry,
+)
+from evokube_trainer.runtime.config import to_run_config
+from evokube_trainer.workflows import (
+    OPTIMIZERS,
+    PBT_HYPERPARAMETERS,
+    CEMRLConfig,
+    ECConfig,
+    ERLConfig,
+    PBTConfig,
+    jit_workflow,
+    make_workflow,
+)
 from tests.bad_manifests import with_changes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +76,7 @@ def _choices():
 
 def _rl(name: str, **fields) -> dict:
     """spec.algorithm.rl for a learning algorithm: K = 2, except for pbt (K = population)."""
-    return fields if ALGORITHMS[name].workflow == PBT else {"numAgents": 2, **fields}
+    return fields if ALGORITHMS[name].kind is PBT else {"numAgents": 2, **fields}
 
 
 def _manifest(name: str, ec: dict, **changes) -> dict:
@@ -64,6 +88,21 @@ def _manifest(name: str, ec: dict, **changes) -> dict:
 
 def test_the_crd_offers_exactly_the_registered_algorithms():
     assert _algorithm_schema()["properties"]["name"]["enum"] == list(ALGORITHMS)
+
+
+def test_the_crds_algorithm_rules_are_the_generated_ones():
+    """The rules as the API server reads them (tests/trainer/test_catalog.py checks the text)."""
+
+    def in_crd(rule: generate.Rule) -> dict:
+        return {"rule": rule.rule, "fieldPath": rule.field_path, "message": rule.message}
+
+    stale = f"run `{generate.COMMAND}` and commit both CRD copies"
+    for rule in generate.algorithm_rules(ALGORITHMS):
+        assert in_crd(rule) in _algorithm_schema()["x-kubernetes-validations"], stale
+    spec_rules = manifest.crd_schema()["properties"]["spec"]["x-kubernetes-validations"]
+    assert in_crd(generate.mirrored_rule(ALGORITHMS)) in spec_rules, stale
+    distribution = _algorithm_schema()["properties"]["ec"]["properties"]["distribution"]
+    assert distribution["enum"] == ["sep-cem", "openes"]
 
 
 def test_the_crd_has_an_ec_field_for_everything_a_distribution_reads():
@@ -85,7 +124,7 @@ def test_the_crd_refuses_exactly_the_ec_fields_the_registry_says_are_unused(name
         assert [e.path for e in errors] == ([] if used else [f"spec.algorithm.ec.{field}"]), field
         if used:
             config = to_run_config(defaulted).workflow  # and the trainer builds it
-            assert config.optimizer == entry.distribution(ec).optimizer
+            assert config.optimizer == entry.distribution(ec).name
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
@@ -108,7 +147,7 @@ def test_rl_settings_are_required_exactly_by_the_learning_algorithms(name):
     assert [e.path for e in manifest.check(without)[1]] == (refused if entry.learns else [])
     assert [e.path for e in manifest.check(with_rl)[1]] == ([] if entry.learns else refused)
     config = to_run_config(manifest.check(with_rl if entry.learns else without)[0]).workflow
-    assert type(config) is CONFIG_TYPES[entry.workflow]
+    assert type(config) is CONFIG_TYPES[entry.kind]
 
 
 @pytest.mark.parametrize(("name", "choice"), list(_choices()), ids=str)
@@ -180,7 +219,7 @@ def test_the_docs_list_every_algorithm_with_its_workflow_and_distributions():
             rows[cells[0].strip("`")] = cells
     assert list(rows) == list(ALGORITHMS)
     for name, entry in ALGORITHMS.items():
-        assert rows[name][1] == entry.workflow, name
+        assert rows[name][1] == entry.kind.name, name
         assert rows[name][2] == (", ".join(entry.distributions) or "none"), name
         assert rows[name][3] == ("yes" if entry.normalize_observations else "no"), name
 
@@ -282,3 +321,77 @@ def test_pbt_refuses_every_ec_field_and_num_agents():
     assert [e.path for e in manifest.check(with_k)[1]] == ["spec.algorithm.rl.numAgents"]
     without_k = with_changes({"spec.algorithm": {"name": "cem-rl", "rl": {}}})
     assert [e.path for e in manifest.check(without_k)[1]] == ["spec.algorithm.rl.numAgents"]
+
+
+# ---- a new algorithm is one registry entry ------------------------------------------------------
+
+# ERL evolving CMA-ES by default, or a GA: an algorithm built from existing parts.
+ERL_CMA = Algorithm(
+    "erl-cma", "ERL over CMA-ES or a GA", ERL, (OPTIMIZERS["cma_es"], OPTIMIZERS["ga"])
+)
+TINY_RL = {
+    "numAgents": 1,
+    "batchSize": 16,
+    "replayCapacity": 512,
+    "warmupSteps": 64,
+    "updatesPerGeneration": 2,
+    "criticHiddenLayers": [16],
+}
+
+
+def _erl_cma(ec: dict) -> dict:
+    """A manifest of erl-cma with these ec settings, small enough to train in seconds."""
+    return with_changes(
+        {
+            "spec.algorithm": {"name": "erl-cma", "ec": ec, "rl": TINY_RL},
+            "spec.population.size": 4,
+            "spec.policy.hiddenLayers": [8],
+            "spec.environment.episodeLength": 10,
+            "spec.evaluation.episodes": 2,
+        }
+    )
+
+
+def test_a_new_algorithm_is_one_registry_entry(monkeypatch):
+    algorithms = registry(*ALGORITHMS.values(), ERL_CMA)  # the one entry
+    assert [e.path for e in manifest.check(_erl_cma({}))[1]] == ["spec.algorithm.name"]
+
+    # The generator writes it into the CRD: the enum and the rules on what it reads.
+    crd = (generate.repo_root() / generate.CRD_FILES[0]).read_text()
+    crd = yaml.safe_load(generate.render_crd(crd, catalog.load(), algorithms))
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    monkeypatch.setattr(manifest, "crd_schema", lambda: schema)
+    assert "erl-cma" in _algorithm_schema()["properties"]["name"]["enum"]
+    messages = [r["message"] for r in _algorithm_schema()["x-kubernetes-validations"]]
+    assert (
+        "algorithm.ec.maxRestarts is used only by cma-es, sep-cma-es and erl-cma with "
+        "distribution cma-es" in messages
+    )
+
+    # A manifest parses into an ERL config with the distribution it picks, ...
+    for ec, optimizer, options in [
+        ({"noiseStd": 0.2}, "cma_es", {"init_sigma": 0.2}),
+        ({"distribution": "ga", "numElites": 1}, "ga", {"num_elites": 1}),
+    ]:
+        defaulted, errors = manifest.check(_erl_cma(ec))
+        assert errors == [], ec
+        workflow = to_run_config(defaulted, algorithms).workflow
+        assert isinstance(workflow, ERLConfig) and workflow.num_agents == 1
+        assert (workflow.optimizer, workflow.optimizer_options) == (optimizer, options)
+    # ... and what it does not read is refused naming the field.
+    for ec, field in [
+        ({"numElites": 1}, "ec.numElites"),
+        ({"distribution": "ga", "maxRestarts": 1}, "ec.maxRestarts"),
+        ({"distribution": "openes"}, "ec.distribution"),
+        ({"learningRate": 0.1}, "ec.learningRate"),
+    ]:
+        assert [e.path for e in manifest.check(_erl_cma(ec))[1]] == [f"spec.algorithm.{field}"]
+    without_rl = with_changes({"spec.algorithm": {"name": "erl-cma"}})
+    assert [e.path for e in manifest.check(without_rl)[1]] == ["spec.algorithm.rl"]
+
+    # It trains: one generation of the workflow the manifest builds.
+    run = to_run_config(manifest.check(_erl_cma({}))[0], algorithms)
+    fns = jit_workflow(make_workflow(run.workflow))
+    state, metrics = fns.step(fns.init(jax.random.PRNGKey(0)))
+    assert int(state.generation) == 1
+    assert np.isfinite(metrics["ec/fitness_max"]) and np.isfinite(metrics["rl/critic_loss"])

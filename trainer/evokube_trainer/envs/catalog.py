@@ -7,7 +7,7 @@ registered envs it cannot run, each with the reason. The trainer reads the file 
 (``load``, ``env_spec``), so that no process builds thirty envs to learn their names.
 
 The file, the CRD's ``spec.environment.name`` enum and the CRD rule's list of discrete-action
-envs are all written by ``python -m evokube_trainer.envs.generate_catalog`` (see there), and a
+envs are all written by ``python -m evokube_trainer.generate`` from ``survey.survey()``, and a
 test fails when they differ from what the installed libraries give.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 
 CATALOG_FILE = Path(__file__).with_name("catalog.json")
 FAMILIES = ("gymnax", "brax")
-REGENERATE = "python -m evokube_trainer.envs.generate_catalog"
+REGENERATE = "python -m evokube_trainer.generate"
 
 
 @dataclasses.dataclass(frozen=True)

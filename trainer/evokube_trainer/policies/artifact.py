@@ -38,8 +38,7 @@ import numpy as np
 
 from evokube_trainer.agents import Actor, GaussianActor, deterministic_policy
 from evokube_trainer.envs import RunningStats, normalize_obs
-from evokube_trainer.runtime.config import to_env_config
-from evokube_trainer.workflows import EnvConfig
+from evokube_trainer.workflows import EnvConfig, to_env_config
 
 __all__ = [
     "FORMAT",

@@ -1,217 +1,134 @@
 """The algorithm registry: every `spec.algorithm.name` the CRD accepts, as one entry.
 
-An entry says which workflow the algorithm runs (pure EC, ERL's independent learners, CEM-RL's
-shared critic, PBT's learners with their own hyperparameters), which EC distribution it evolves
-(and which alternatives `spec.algorithm.ec.distribution` may pick), and so which spec fields it
-reads. The CRD's enum and
-CEL rules enforce the same facts at admission; tests/runtime/test_algorithms.py fails when the
-CRD, this registry and docs/trainer-design.md disagree.
+An entry names the workflow kind the algorithm runs (`workflows.KINDS`: pure EC, ERL's
+independent learners, CEM-RL's shared critic, PBT's learners with their own hyperparameters)
+and the EC optimizers it may evolve (`workflows.OPTIMIZERS`; the first is the default, and
+`spec.algorithm.ec.distribution` picks another where there are several), and so which spec
+fields it reads. The CRD's algorithm enum and its rules on those fields are generated from
+these entries (`python -m evokube_trainer.generate`); tests/runtime/test_algorithms.py
+evaluates them for every algorithm and fails when the CRD, this registry or
+docs/trainer-design.md disagree.
 
-Adding an ERL variant built from existing parts is one entry here plus its name in the CRD; a new
-optimizer or learner is one file under `ec/` or `workflows/` plus its entries.
+A new algorithm built from existing parts is one entry here (then run the generator); a new
+optimizer or workflow kind is its code plus one entry in `OPTIMIZERS` or `KINDS`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-# spec.algorithm.ec value, population size -> the optimizer's keyword options
-Converter = Callable[[Any, int], Mapping[str, Any]]
-
-EC = "ec"  # evolution alone: a deterministic MLP actor per member
-ERL = "erl"  # K independent RL learners (actor and critic each), injected into the population
-CEM_RL = "cem-rl"  # K members trained against one shared critic before each evaluation
-PBT = "pbt"  # population.size RL learners, each with its own hyperparameters; no EC at all
-
-
-def _to(keyword: str) -> Converter:
-    return lambda value, _: {keyword: value}
-
-
-def _elites(keyword: str, share: float = 1.0) -> Converter:
-    return lambda fraction, pop: {keyword: max(1, round(fraction * pop * share))}
-
-
-def _crossover(kind: str, _: int) -> Mapping[str, Any]:
-    """GA crossover: a kind applied to half the children, or none at all."""
-    if kind == "none":
-        return {"crossover_prob": 0.0}
-    return {"crossover": kind.replace("-", "_"), "crossover_prob": 0.5}
-
-
-@dataclasses.dataclass(frozen=True)
-class Distribution:
-    """An EC optimizer as the spec configures it.
-
-    `fields`: the spec.algorithm.ec fields it reads and the options each becomes.
-    `mirrored`: whether it samples antithetic pairs by default (then population.size must be
-    even); `always_mirrored`: it always does (ARS).
-    """
-
-    optimizer: str  # a key of workflows.OPTIMIZERS
-    fields: Mapping[str, Converter]
-    mirrored: bool = False
-    always_mirrored: bool = False
-
-    def options(self, ec: Mapping[str, Any], pop: int) -> dict[str, Any]:
-        """The optimizer's keyword options for the spec's ec fields it reads."""
-        options: dict[str, Any] = {}
-        for field, value in ec.items():
-            if field in self.fields:
-                options.update(self.fields[field](value, pop))
-        return options
-
-    def is_mirrored(self, ec: Mapping[str, Any]) -> bool:
-        if self.always_mirrored:
-            return True
-        return bool(ec.get("mirrored", self.mirrored)) if "mirrored" in self.fields else False
-
-
-OPEN_ES = Distribution(
-    "open_es",
-    {
-        "noiseStd": _to("sigma"),
-        "learningRate": _to("learning_rate"),
-        "weightDecay": _to("weight_decay"),
-        "mirrored": _to("mirrored"),
-    },
-    mirrored=True,
-)
-VANILLA_ES = Distribution(
-    "vanilla_es",
-    {"noiseStd": _to("sigma"), "eliteFraction": _elites("num_elites"), "mirrored": _to("mirrored")},
-)
-ARS = Distribution(
-    "ars",
-    {
-        "noiseStd": _to("sigma"),
-        "learningRate": _to("learning_rate"),
-        "weightDecay": _to("weight_decay"),
-        "eliteFraction": _elites("num_top_directions", share=0.5),  # of the pop/2 directions
-    },
-    always_mirrored=True,
-)
-SEP_CEM = Distribution(
-    "sep_cem",
-    {
-        "noiseStd": lambda std, _: {"init_cov": std * std},
-        "eliteFraction": _elites("num_elites"),
-        "mirrored": _to("mirrored"),
-    },
-)
-CMA_ES = Distribution(
-    "cma_es",
-    {
-        "noiseStd": _to("init_sigma"),
-        "eliteFraction": _elites("num_elites"),
-        "maxRestarts": _to("max_restarts"),
-        "restartPopulationFactor": lambda factor, _: {"restart_factor": float(factor)},
-    },
-)
-SEP_CMA_ES = dataclasses.replace(CMA_ES, optimizer="sep_cma_es")
-GA = Distribution(
-    "ga",
-    {
-        "noiseStd": _to("init_std"),
-        "numElites": _to("num_elites"),
-        "tournamentSize": _to("tournament_size"),
-        "mutationStd": _to("mutation_std"),
-        "mutationFraction": _to("mutation_frac"),
-        "crossover": _crossover,
-    },
-)
+from evokube_trainer.workflows import KINDS, OPTIMIZERS, Optimizer, WorkflowKind
 
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
     """One `spec.algorithm.name`.
 
-    `distributions`: the EC distributions it may evolve, by their `spec.algorithm.ec.distribution`
-    name; the first is the default, and only an algorithm with several reads that field; PBT has
-    none. `workflow` is EC, ERL, CEM_RL or PBT; all but EC read `spec.algorithm.rl` (required)
-    and need continuous actions. `normalize_observations`: the default of
-    spec.environment.normalizeObservations, EvoRL's for the same algorithm (docs/trainer-design.md).
+    `optimizers`: the EC optimizers it may evolve, the default first; none exactly when its
+    kind evolves no population (pbt). `normalize_observations`: the default of
+    spec.environment.normalizeObservations, EvoRL's for the same algorithm
+    (docs/trainer-design.md).
     """
 
     name: str
     summary: str
-    workflow: str
-    distributions: Mapping[str, Distribution]
+    kind: WorkflowKind
+    optimizers: tuple[Optimizer, ...]
     normalize_observations: bool = False
+
+    def __post_init__(self):
+        if bool(self.optimizers) != self.kind.evolves:
+            evolves = "evolves" if self.kind.evolves else "evolves no population"
+            raise ValueError(f"{self.name}: its kind {self.kind.name} {evolves}")
+
+    @property
+    def distributions(self) -> Mapping[str, Optimizer]:
+        """Its optimizers by their spec.algorithm.ec.distribution name."""
+        return {optimizer.spec_name: optimizer for optimizer in self.optimizers}
 
     @property
     def learns(self) -> bool:
         """Whether it trains RL learners (reads spec.algorithm.rl)."""
-        return self.workflow != EC
+        return self.kind.learns
 
-    def distribution(self, ec: Mapping[str, Any]) -> Distribution:
-        if not self.distributions:
+    def distribution(self, ec: Mapping[str, Any]) -> Optimizer:
+        """The optimizer the spec's ec settings pick."""
+        if not self.optimizers:
             raise ValueError(f"{self.name} evolves no EC distribution")
-        default = next(iter(self.distributions))
-        return self.distributions[ec.get("distribution", default)]
+        return self.distributions[ec.get("distribution", self.optimizers[0].spec_name)]
 
     def reads(self, field: str, ec: Mapping[str, Any]) -> bool:
         """Whether the spec.algorithm.ec `field` means something with these ec settings."""
         if field == "distribution":
-            return len(self.distributions) > 1
-        if not self.distributions:
+            return len(self.optimizers) > 1
+        if not self.optimizers:
             return False
         return field in self.distribution(ec).fields
 
 
-def _entries(*algorithms: Algorithm) -> Mapping[str, Algorithm]:
+def registry(*algorithms: Algorithm) -> Mapping[str, Algorithm]:
+    """Algorithms by name, in the order the CRD's enum and the docs list them."""
     return {a.name: a for a in algorithms}
 
 
-ALGORITHMS: Mapping[str, Algorithm] = _entries(
+EC, ERL, CEM_RL, PBT = (KINDS[name] for name in ("ec", "erl", "cem-rl", "pbt"))
+
+
+def _optimizers(*names: str) -> tuple[Optimizer, ...]:
+    return tuple(OPTIMIZERS[name] for name in names)
+
+
+ALGORITHMS: Mapping[str, Algorithm] = registry(
     Algorithm(
         "openes",
         "OpenAI-ES: a search gradient and Adam",
         EC,
-        {"openes": OPEN_ES},
+        _optimizers("open_es"),
         normalize_observations=True,
     ),
     Algorithm(
         "vanilla-es",
         "(mu, lambda)-ES on the elite mean",
         EC,
-        {"vanilla-es": VANILLA_ES},
+        _optimizers("vanilla_es"),
         normalize_observations=True,
     ),
     Algorithm(
-        "ars", "Augmented Random Search (V1-t)", EC, {"ars": ARS}, normalize_observations=True
+        "ars", "Augmented Random Search (V1-t)", EC, _optimizers("ars"), normalize_observations=True
     ),
-    Algorithm("cma-es", "CMA-ES", EC, {"cma-es": CMA_ES}),
+    Algorithm("cma-es", "CMA-ES", EC, _optimizers("cma_es")),
     Algorithm(
         "sep-cma-es",
         "CMA-ES with a diagonal covariance",
         EC,
-        {"sep-cma-es": SEP_CMA_ES},
+        _optimizers("sep_cma_es"),
         normalize_observations=True,
     ),
     Algorithm(
         "sep-cem",
         "Cross-entropy method, diagonal covariance",
         EC,
-        {"sep-cem": SEP_CEM},
+        _optimizers("sep_cem"),
         normalize_observations=True,
     ),
-    Algorithm("ga", "Genetic algorithm (elitism, tournaments, mutation)", EC, {"ga": GA}),
-    Algorithm("erl-ga", "ERL: a GA plus K independent RL learners", ERL, {"ga": GA}),
-    Algorithm("erl-es", "ERL with OpenES in place of the GA", ERL, {"openes": OPEN_ES}),
-    Algorithm("erl-eda", "ERL with SepCEM (an EDA) in place of the GA", ERL, {"sep-cem": SEP_CEM}),
+    Algorithm("ga", "Genetic algorithm (elitism, tournaments, mutation)", EC, _optimizers("ga")),
+    Algorithm("erl-ga", "ERL: a GA plus K independent RL learners", ERL, _optimizers("ga")),
+    Algorithm("erl-es", "ERL with OpenES in place of the GA", ERL, _optimizers("open_es")),
+    Algorithm(
+        "erl-eda", "ERL with SepCEM (an EDA) in place of the GA", ERL, _optimizers("sep_cem")
+    ),
     Algorithm(
         "cem-rl",
         "CEM-RL: half the population trained against one shared critic",
         CEM_RL,
-        {"sep-cem": SEP_CEM, "openes": OPEN_ES},
+        _optimizers("sep_cem", "open_es"),
     ),
     Algorithm(
         "pbt",
         "Population-based training: RL learners with their own hyperparameters, no EC",
         PBT,
-        {},
+        (),
     ),
 )

@@ -1,7 +1,7 @@
 """From a (defaulted, schema-valid) ERLExperiment manifest to what the trainer runs.
 
-`to_run_config` maps the spec onto a workflow config (`ECConfig`, `ERLConfig`,
-`CEMRLConfig`, `PBTConfig`) plus the run's own settings (stopping, checkpoints, metrics).
+`to_run_config` maps the spec onto a workflow config (its algorithm's kind builds it:
+`workflows.KINDS`) plus the run's own settings (stopping, checkpoints, metrics).
 The CRD's rules (checked by `manifest.check`) already refuse every manifest
 the trainer cannot run; as a last line, anything the configs or the optimizer
 refuse while being built is reported as a ManifestError too, so the trainer
@@ -14,18 +14,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from evokube_trainer.agents import SACConfig, TD3Config
-from evokube_trainer.runtime.algorithms import ALGORITHMS, EC, ERL, PBT, Algorithm
+from evokube_trainer.runtime.algorithms import ALGORITHMS, Algorithm
 from evokube_trainer.runtime.manifest import FieldError, ManifestError
-from evokube_trainer.workflows import (
-    CEMRLConfig,
-    ECConfig,
-    EnvConfig,
-    ERLConfig,
-    PBTConfig,
-    ReplayConfig,
-    make_optimizer,
-)
+from evokube_trainer.workflows import WorkflowConfig, make_optimizer, to_env_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +29,7 @@ class RunConfig:
     name: str
     namespace: str
     seed: int
-    workflow: ECConfig | ERLConfig | CEMRLConfig | PBTConfig
+    workflow: WorkflowConfig
     max_generations: int | None
     max_env_steps: int | None
     target_fitness: float | None
@@ -63,67 +54,18 @@ def _ec_options(algorithm: Algorithm, ec: Mapping[str, Any], pop: int, source: s
     ]
     if errors:
         raise ManifestError(errors, source)
-    if not algorithm.distributions:  # pbt: no EC at all
+    if not algorithm.optimizers:  # pbt: no EC at all
         return {}
     return algorithm.distribution(ec).options(ec, pop)
 
 
-def _agent(rl: Mapping[str, Any], hidden: list[int]) -> TD3Config | SACConfig:
-    """The RL agent's config; what the spec leaves unset keeps the config class's default."""
-    shared = dict(
-        actor_hidden_sizes=tuple(hidden),
-        critic_hidden_sizes=tuple(rl["criticHiddenLayers"]),
-        critic_layer_norm=rl["criticLayerNorm"],
-        actor_lr=rl["actorLearningRate"],
-        critic_lr=rl["criticLearningRate"],
-        discount=rl["gamma"],
-        tau=rl["tau"],
-    )
-    if rl["learner"] == "sac":
-        own = {
-            "temperatureLearningRate": "temperature_lr",
-            "initialTemperature": "init_temperature",
-            "targetEntropy": "target_entropy",
-        }
-        return SACConfig(**shared, **{own[k]: v for k, v in rl.items() if k in own})
-    own = {
-        "policyNoise": "policy_noise",
-        "noiseClip": "noise_clip",
-        "actorUpdateInterval": "actor_update_interval",
-        "explorationNoise": "exploration_noise",
-    }
-    return TD3Config(**shared, **{own[k]: v for k, v in rl.items() if k in own})
-
-
-# spec.algorithm.pbt.hyperparameters field -> the agents' hyperparameter name
-PBT_HYPERPARAMETERS = {
-    "actorLearningRate": "actor_lr",
-    "criticLearningRate": "critic_lr",
-    "explorationNoise": "exploration_noise",
-    "targetEntropyScale": "target_entropy_scale",
-}
-
-
-def _pbt(pbt: Mapping[str, Any]) -> dict[str, Any]:
-    """PBTConfig's own fields from spec.algorithm.pbt; what it leaves unset (all of it, when
-    the spec has no pbt section for the CRD to default) keeps PBTConfig's default, which is
-    the CRD's."""
-    fields: dict[str, Any] = {}
-    if "interval" in pbt:
-        fields["interval"] = pbt["interval"]
-    if "exploitFraction" in pbt:
-        fields["exploit_fraction"] = pbt["exploitFraction"]
-    if "perturbFactors" in pbt:
-        fields["perturb_factors"] = tuple(pbt["perturbFactors"])
-    ranges = pbt.get("hyperparameters", {})
-    fields["ranges"] = {PBT_HYPERPARAMETERS[k]: (r["min"], r["max"]) for k, r in ranges.items()}
-    return fields
-
-
-def to_run_config(manifest: Mapping[str, Any]) -> RunConfig:
-    """Map a defaulted, valid manifest; raise ManifestError where the trainer refuses it."""
+def to_run_config(
+    manifest: Mapping[str, Any], algorithms: Mapping[str, Algorithm] = ALGORITHMS
+) -> RunConfig:
+    """Map a defaulted, valid manifest; raise ManifestError where the trainer refuses it.
+    `algorithms`: the registry its spec.algorithm.name is looked up in."""
     try:
-        return _run_config(manifest)
+        return _run_config(manifest, algorithms)
     except (ValueError, TypeError) as err:
         if isinstance(err, ManifestError):
             raise
@@ -131,83 +73,24 @@ def to_run_config(manifest: Mapping[str, Any]) -> RunConfig:
         raise ManifestError([error], manifest["metadata"]["name"]) from err
 
 
-def to_env_config(
-    environment: Mapping[str, Any], *, eval_episodes: int, normalize_observations: bool
-) -> EnvConfig:
-    """A defaulted `spec.environment` as the trainer runs it (exported policies rebuild their
-    env with it). `normalize_observations`: the field, or the algorithm's default when unset."""
-    return EnvConfig(
-        name=environment["name"],
-        episode_length=environment.get("episodeLength"),
-        episodes_per_member=environment["episodesPerEvaluation"],
-        eval_episodes=eval_episodes,
-        action_repeat=environment["actionRepeat"],
-        reward_scale=float(environment["rewardScale"]),
-        backend=environment.get("backend"),
-        normalize_observations=normalize_observations,
-    )
-
-
-def to_environment_spec(env: EnvConfig) -> dict[str, Any]:
-    """The inverse of `to_env_config`: `spec.environment` as the trainer ran it (exported
-    policies record it), with `normalizeObservations` resolved."""
-    spec = {
-        "name": env.name,
-        "episodeLength": env.episode_length,
-        "episodesPerEvaluation": env.episodes_per_member,
-        "actionRepeat": env.action_repeat,
-        "rewardScale": env.reward_scale,
-        "backend": env.backend,
-        "normalizeObservations": env.normalize_observations,
-    }
-    return {field: value for field, value in spec.items() if value is not None}
-
-
-def _run_config(manifest: Mapping[str, Any]) -> RunConfig:
+def _run_config(manifest: Mapping[str, Any], algorithms: Mapping[str, Algorithm]) -> RunConfig:
     spec = manifest["spec"]
-    algorithm, env, pop = spec["algorithm"], spec["environment"], spec["population"]["size"]
-    entry = ALGORITHMS[algorithm["name"]]
-    ec = algorithm.get("ec") or {}
-    options = _ec_options(entry, ec, pop, manifest["metadata"]["name"])
-    if entry.workflow != PBT:
-        optimizer = entry.distribution(ec).optimizer
+    env, pop = spec["environment"], spec["population"]["size"]
+    algorithm = algorithms[spec["algorithm"]["name"]]
+    ec = spec["algorithm"].get("ec") or {}
+    options = _ec_options(algorithm, ec, pop, manifest["metadata"]["name"])
+    common: dict[str, Any] = {}
+    if algorithm.optimizers:
+        optimizer = algorithm.distribution(ec).name
         make_optimizer(optimizer, pop, 1, options)  # raises now what it would raise in training
-
-    env_config = to_env_config(
-        env,
-        eval_episodes=spec["evaluation"]["episodes"],
-        normalize_observations=env.get("normalizeObservations", entry.normalize_observations),
-    )
-    hidden = spec["policy"]["hiddenLayers"]
-    common = dict(env=env_config, pop_size=pop)
-    if entry.workflow != PBT:
         common.update(optimizer=optimizer, optimizer_options=options)
-    workflow: ECConfig | ERLConfig | CEMRLConfig | PBTConfig
-    if entry.workflow == EC:
-        workflow = ECConfig(**common, actor_hidden_sizes=tuple(hidden))
-    else:
-        rl = algorithm["rl"]
-        replay = ReplayConfig(
-            capacity=rl["replayCapacity"],
-            batch_size=rl["batchSize"],
-            warmup_steps=rl["warmupSteps"],
-        )
-        rl_common = dict(
-            agent=_agent(rl, hidden),
-            replay=replay,
-            updates_per_generation=rl.get("updatesPerGeneration"),
-        )
-        if entry.workflow == PBT:
-            workflow = PBTConfig(**common, **rl_common, **_pbt(algorithm.get("pbt", {})))
-        elif entry.workflow == ERL:
-            workflow = ERLConfig(
-                **common,
-                **rl_common,
-                num_agents=rl["numAgents"],
-                injection_interval=rl["injectionInterval"],
-            )
-        else:
-            workflow = CEMRLConfig(**common, **rl_common, num_actors=rl["numAgents"])
+    normalize = env.get("normalizeObservations", algorithm.normalize_observations)
+    eval_episodes = spec["evaluation"]["episodes"]
+    common.update(
+        env=to_env_config(env, eval_episodes=eval_episodes, normalize_observations=normalize),
+        pop_size=pop,
+    )
+    workflow = algorithm.kind.from_spec(spec, common)
 
     stopping, checkpoint = spec["stopping"], spec["checkpoint"]
     return RunConfig(

@@ -32,6 +32,8 @@ import jax
 from etils import epath
 from jax.experimental import serialize_executable
 
+from evokube_contract import ENV_XLA_FLAGS
+
 log = logging.getLogger(__name__)
 
 # Distributions whose code ends up in the compiled programs (those installed are hashed).
@@ -48,7 +50,7 @@ LIBRARIES = (
     "mujoco-mjx",
 )
 # Environment variables that change how XLA compiles.
-COMPILER_ENVIRONMENT = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "JAX_ENABLE_X64", "JAX_PLATFORMS")
+COMPILER_ENVIRONMENT = (ENV_XLA_FLAGS, "LIBTPU_INIT_ARGS", "JAX_ENABLE_X64", "JAX_PLATFORMS")
 
 
 @functools.cache

@@ -41,11 +41,11 @@ from evokube_trainer.policies import PolicyExporter, network_config
 from evokube_trainer.recorders import Recorder
 from evokube_trainer.runtime import exitcodes, objectstore
 from evokube_trainer.runtime.checkpoints import Checkpointer, enable_compilation_cache
-from evokube_trainer.runtime.config import PBT_HYPERPARAMETERS, RunConfig, to_environment_spec
+from evokube_trainer.runtime.config import RunConfig
 from evokube_trainer.runtime.executables import ExecutableStore, fingerprint
 from evokube_trainer.runtime.metrics import TrainerMetrics
 from evokube_trainer.runtime.status import StatusReporter
-from evokube_trainer.workflows import actor_network
+from evokube_trainer.workflows import PBT_HYPERPARAMETERS, actor_network, to_environment_spec
 
 log = logging.getLogger(__name__)
 

@@ -9,22 +9,25 @@
 `Workflow.evaluate` are pure; `jit_workflow` jits them and `learn` drives them from the host.
 `DeviceLayout` spreads a generation over many devices and processes. States are plain pytrees;
 `runtime.checkpoints` saves and restores them with Orbax.
+
+`KINDS` (one entry per workflow kind: its config class, how a spec builds it, its learner) and
+`OPTIMIZERS` (one entry per EC optimizer) are the registry that `make_workflow`, the runtime's
+spec parser and the CRD generator all read.
 """
 
+from evokube_trainer.workflows._build import actor_network, make_workflow
 from evokube_trainer.workflows._configs import (
-    OPTIMIZERS,
     CEMRLConfig,
     ECConfig,
     EnvConfig,
     ERLConfig,
     PBTConfig,
     ReplayConfig,
-    actor_network,
+    WorkflowConfig,
     env_from_config,
     episode_length_of,
-    make_optimizer,
-    make_workflow,
 )
+from evokube_trainer.workflows._kinds import KINDS, WorkflowKind
 from evokube_trainer.workflows._layout import DeviceLayout
 from evokube_trainer.workflows._learners import (
     IndependentAgents,
@@ -32,8 +35,14 @@ from evokube_trainer.workflows._learners import (
     SharedCritic,
     SharedCriticState,
 )
+from evokube_trainer.workflows._optimizers import OPTIMIZERS, Optimizer, make_optimizer
 from evokube_trainer.workflows._pbt import PBTState, PopulationBasedTraining
 from evokube_trainer.workflows._rollout import PopulationRollout, RolloutResult, random_transitions
+from evokube_trainer.workflows._spec import (
+    PBT_HYPERPARAMETERS,
+    to_env_config,
+    to_environment_spec,
+)
 from evokube_trainer.workflows._workflow import (
     CHUNK_CAPACITY,
     PARTS,
@@ -46,8 +55,10 @@ from evokube_trainer.workflows._workflow import (
 
 __all__ = [
     "CHUNK_CAPACITY",
+    "KINDS",
     "OPTIMIZERS",
     "PARTS",
+    "PBT_HYPERPARAMETERS",
     "CEMRLConfig",
     "DeviceLayout",
     "ECConfig",
@@ -56,6 +67,7 @@ __all__ = [
     "IndependentAgents",
     "JittedWorkflow",
     "Learner",
+    "Optimizer",
     "PBTConfig",
     "PBTState",
     "PopulationBasedTraining",
@@ -66,6 +78,8 @@ __all__ = [
     "SharedCriticState",
     "StopAt",
     "Workflow",
+    "WorkflowConfig",
+    "WorkflowKind",
     "WorkflowState",
     "actor_network",
     "env_from_config",
@@ -74,4 +88,6 @@ __all__ = [
     "make_optimizer",
     "make_workflow",
     "random_transitions",
+    "to_env_config",
+    "to_environment_spec",
 ]
