@@ -63,3 +63,18 @@ def test_a_run_exports_its_policies_and_its_best_survives_a_resume(tmp_path):
     assert (best.metadata["generation"], best.metadata["evalReturn"]) == (first_best, 1.0)
     returns = {row["generation"]: row["eval/return_mean"] for row in history(tmp_path, "export")}
     assert read_policy(str(policies / "generation-6")).metadata["evalReturn"] == returns[6]
+
+
+def test_a_policy_records_the_brax_pipeline_its_env_ran():
+    """A spec that names no pipeline runs the platform's default (spring on this CPU); the
+    export records it, so a replay elsewhere (a GPU keeps generalized) plays the same physics."""
+    from evokube_trainer.runtime.config import RunConfig
+    from evokube_trainer.runtime.trainer import _policy_exporter
+    from evokube_trainer.workflows import ECConfig, EnvConfig, make_workflow
+
+    for backend, played in ((None, "spring"), ("generalized", "generalized")):
+        env = EnvConfig("brax/hopper", episode_length=5, eval_episodes=1, backend=backend)
+        config = ECConfig(env=env, pop_size=2, actor_hidden_sizes=(4,))
+        run = RunConfig("hop", "ns", 0, config, 1, None, None, None, 1, 1, 1)
+        exporter = _policy_exporter(run, make_workflow(config), "/tmp/unused")
+        assert exporter.metadata["environment"]["backend"] == played

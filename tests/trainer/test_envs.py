@@ -26,6 +26,7 @@ from evokube_trainer.envs import (
     squash_action,
     update_running_stats,
 )
+from evokube_trainer.envs._brax import DEFAULT_BACKENDS, default_backend
 
 B = 3  # envs per batch in most tests
 CARTPOLE_X_LIMIT = 2.4
@@ -364,6 +365,18 @@ def test_obs_norm_skips_frozen_envs():
 
 
 # --- Brax -----------------------------------------------------------------------------------
+
+
+def test_a_brax_env_without_a_backend_runs_the_platforms_fastest_pipeline():
+    assert jax.default_backend() == "cpu"  # tests run on CPU: spring there
+    assert DEFAULT_BACKENDS["cpu"] == "spring" and default_backend() == "spring"
+    assert make_backend_env("brax/hopper").backend == "spring"
+    # An env that lacks the platform's pipeline keeps its own default; one asked for, is refused.
+    assert make_backend_env("brax/swimmer").backend == "generalized"
+    with pytest.raises(ValueError, match="Unsupported backend: spring"):
+        make_backend_env("brax/swimmer", backend="spring")
+    with pytest.raises(ValueError, match="unknown Brax backend"):
+        make_backend_env("brax/hopper", backend="warp")
 
 
 def test_brax_halfcheetah_positional_resets_and_steps_under_jit():

@@ -145,6 +145,6 @@ class ExecutableStore:
             self.directory.mkdir(parents=True, exist_ok=True)
             partial = path.parent / f".{path.name}.partial"
             partial.write_bytes(data)
-            partial.rename(path)
+            partial.replace(path)  # over a torn file too
         except Exception as err:  # never fail a run for a cache
             log.warning("could not keep the compiled program %s: %s", path, err)

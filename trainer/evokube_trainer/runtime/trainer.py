@@ -353,10 +353,13 @@ def _policy_exporter(config: RunConfig, workflow, checkpoint_dir: str) -> Policy
     """Process 0's exporter of evaluated policies to `<checkpoint dir>/policies`."""
     env = workflow.env
     run = config.workflow
+    # The Brax pipeline the env really runs (one the spec left to the platform's default
+    # included), so that a replay on another platform plays the same physics.
+    played = dataclasses.replace(run.env, backend=getattr(env.unwrapped, "backend", None))
     metadata = {
         "experiment": {"name": config.name, "namespace": config.namespace},
         "algorithm": config.spec.get("algorithm", {}).get("name", type(run).__name__),
-        "environment": to_environment_spec(run.env),
+        "environment": to_environment_spec(played),
         "evaluationEpisodes": run.env.eval_episodes,
         "network": network_config(actor_network(run, env.obs_dim, env.action_dim)),
         "seed": config.seed,
