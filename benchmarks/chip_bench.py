@@ -19,9 +19,9 @@ checkpoint directory as a pod has:
   restart cold   the checkpoint alone (cache and compiled programs deleted); this process then
                  also measures throughput and the profile below.
 
-Throughput, after one untimed generation: "step" calls the jitted generation once per
-generation and blocks on it (EvoRL's way of timing); "trainer" runs generations in chunks of
-one dispatch (`Workflow.steps`, as `Workflow.learn` does in a pod, chunks of about a second).
+Throughput, after one untimed generation, both with the trainer's one compiled `Workflow.steps`:
+"step" runs one generation per call and blocks on it (EvoRL's way of timing); "trainer" runs
+chunks of generations per call, as `Workflow.learn` does in a pod (chunks of about a second).
 "env steps/s" counts agent steps of the trainer column.
 
 Profile: a `jax.profiler` trace of a few chunked generations, its device time attributed to
@@ -142,19 +142,19 @@ def throughput(row: str, args: argparse.Namespace) -> dict:
     workflow = make_workflow(workflow_config(row, args.backend))
     fns = jit_workflow(workflow, donate=True)
     state = jax.block_until_ready(fns.init(jax.random.PRNGKey(0)))
-    state, _ = jax.block_until_ready(fns.step(state))  # compiles; untimed
+    one = workflow.chunk_arguments(1, StopAt.of())
+    state, _, _ = jax.block_until_ready(fns.steps(state, *one))  # compiles; untimed
     times = []
-    for _ in range(args.generations):
+    for _ in range(args.generations):  # one dispatch per generation, blocked on (EvoRL's way)
         start = time.perf_counter()
-        state, _ = jax.block_until_ready(fns.step(state))
+        state, _, _ = jax.block_until_ready(fns.steps(state, *one))
         times.append(time.perf_counter() - start)
     step_gen_s = sorted(times)[len(times) // 2]
 
-    # Chunks of about a second, as the trainer sizes them.
+    # Chunks of about a second, as the trainer sizes them (the same executable: count is traced).
     count = max(1, min(64, int(1.0 / step_gen_s)))
     arguments = workflow.chunk_arguments(count, StopAt.of())
-    state, _, done = jax.block_until_ready(fns.steps(state, *arguments))  # compiles
-    generations = steps = 0
+    generations = 0
     before = int(state.env_steps)
     start = time.perf_counter()
     while generations < args.generations:

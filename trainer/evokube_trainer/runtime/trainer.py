@@ -1,10 +1,11 @@
 """One trainer process: join the group, resume, run generations, checkpoint, report, exit.
 
 Every process of a multi-host run executes this same loop on its share of the
-devices; the jitted generation is one global computation. Decisions that must
-agree across processes (stop now, checkpoint now) go through one tiny
-all-reduce per generation, so a SIGTERM seen by a single pod still makes the
-whole gang save the same checkpoint and exit together.
+devices; the jitted generations are one global computation, run in chunks of
+about a second (`Workflow.steps`). Decisions that must agree across processes
+(stop now, checkpoint now, the next chunk's length) go through one tiny
+all-reduce per chunk, so a SIGTERM seen by a single pod still makes the whole
+gang save the same checkpoint and exit together.
 
 A SIGTERM is acted on after the running generation, which may not fit the grace
 period. So once generations grow long against it (`long_generations`), every
