@@ -107,6 +107,11 @@ def crd(cluster):
 
 
 # -- the operator: one process for the session, shared by every package ----------------------
+# The chart values of the session's admission policies: the CSI drivers the pod settings of
+# the tests (tests/bad_manifests.py, test_pod_settings.py) name; the chart allows none.
+SESSION_VALUES = {"policy": {"allowedCSIDrivers": ["gcsfuse.csi.storage.gke.io", "d.example"]}}
+
+
 @pytest.fixture(scope="session")
 def operator_kubeconfig(cluster, crd, tmp_path_factory) -> Path:
     """The operator's identity: ServiceAccount evokube-system/evokube-operator, least privilege."""
@@ -115,7 +120,7 @@ def operator_kubeconfig(cluster, crd, tmp_path_factory) -> Path:
     rbac = operator_rbac(cluster, "evokube", OPERATOR_NAMESPACE)
     cluster.kubectl("apply", "-f", "-", input=rbac)
     # Host 0's token, the status guard and the experiment policy, as the chart installs them.
-    policies = operator_policies(cluster, "evokube", OPERATOR_NAMESPACE)
+    policies = operator_policies(cluster, "evokube", OPERATOR_NAMESPACE, SESSION_VALUES)
     cluster.kubectl("apply", "--server-side", "-f", "-", input=policies)
     api_client = cluster.api_client()
     try:
