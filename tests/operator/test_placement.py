@@ -24,6 +24,8 @@ from tests.operator.conftest import (
     PLURAL,
     VERSION,
     K8s,
+    apply_quotas,
+    documented_tenant_quotas,
     experiment_manifest,
     release_gangs,
     stand_in,
@@ -451,16 +453,9 @@ def test_an_exclusive_gang_keeps_only_its_own_namespaces_gangs_off_its_pool(
     """Issue 22's attack: a one-pod CPU gang, exclusive on the node pool all CPU nodes share,
     kept every other namespace's gangs off all of them. Its terms hold in its own namespace
     now: another tenant's gangs, exclusive or not, run beside it; its namespace's other
-    gangs stay off; and a quota that refuses pods with cross-namespace terms admits it."""
-    k8s.core.create_namespaced_resource_quota(namespace, CROSS_NAMESPACE_TERMS_QUOTA)
-    k8s.wait(
-        lambda: (
-            k8s.core.read_namespaced_resource_quota(
-                "no-cross-namespace-terms", namespace
-            ).status.hard
-        ),
-        "the quota to be counted",
-    )
+    gangs stay off; and the quotas docs/security.md recommends per tenant (one refuses pods
+    with cross-namespace terms) admit it."""
+    apply_quotas(k8s, namespace, documented_tenant_quotas())  # cross-namespace terms: none
     k8s.apply(experiment_manifest("hog", namespace, placement={"exclusive": True}))
     hog = k8s.wait_running_gang(namespace, "hog", 1, timeout=60)
     (pod,) = k8s.running_pods(namespace, "hog", hog["jobName"])
@@ -493,16 +488,3 @@ def test_an_exclusive_gang_keeps_only_its_own_namespaces_gangs_off_its_pool(
         "the second gang's pod to be found unschedulable",
     )
     assert "didn't match pod anti-affinity rules" in refused.message
-
-
-# Pods with a pod (anti-)affinity term naming other namespaces are refused in a namespace with
-# this quota (the scope CrossNamespacePodAffinity); docs/security.md recommends it per tenant.
-CROSS_NAMESPACE_TERMS_QUOTA = {
-    "metadata": {"name": "no-cross-namespace-terms"},
-    "spec": {
-        "hard": {"pods": "0"},
-        "scopeSelector": {
-            "matchExpressions": [{"scopeName": "CrossNamespacePodAffinity", "operator": "Exists"}]
-        },
-    },
-}
