@@ -328,6 +328,46 @@ BAD_MANIFESTS += [
         _node_preference(matchExpressions=[{"key": "n", "operator": "Gt", "values": ["many"]}]),
         f"{NODE_PREFERENCE}.matchExpressions[0].values",
     ),
+    # Terms that reach other namespaces: a tenant's anti-affinity would keep others' pods away
+    # (the scheduler honours bound pods' terms), its affinity would seek their nodes out.
+    *_bad(
+        f"spec.affinity.podAntiAffinity.{REQUIRED}[0].namespaceSelector",
+        {
+            "anti-affinity to every namespace": {
+                "spec.affinity.podAntiAffinity": {REQUIRED: [{**POD_TERM, "namespaceSelector": {}}]}
+            },
+            "anti-affinity to labelled namespaces": {
+                "spec.affinity.podAntiAffinity": {
+                    REQUIRED: [{**POD_TERM, "namespaceSelector": {"matchLabels": {"team": "b"}}}]
+                }
+            },
+        },
+    ),
+    BadManifest(
+        "anti-affinity to a named namespace",
+        {"spec.affinity.podAntiAffinity": {REQUIRED: [{**POD_TERM, "namespaces": ["team-b"]}]}},
+        f"spec.affinity.podAntiAffinity.{REQUIRED}[0].namespaces",
+    ),
+    BadManifest(
+        "preferred affinity to another namespace",
+        {
+            "spec.affinity.podAffinity": {
+                PREFERRED: [
+                    {"weight": 1, "podAffinityTerm": {**POD_TERM, "namespaces": ["team-b"]}}
+                ]
+            }
+        },
+        f"spec.affinity.podAffinity.{PREFERRED}[0].podAffinityTerm.namespaces",
+    ),
+    BadManifest(
+        "preferred anti-affinity to every namespace",
+        {
+            "spec.affinity.podAntiAffinity": {
+                PREFERRED: [{"weight": 1, "podAffinityTerm": {**POD_TERM, "namespaceSelector": {}}}]
+            }
+        },
+        f"spec.affinity.podAntiAffinity.{PREFERRED}[0].podAffinityTerm.namespaceSelector",
+    ),
     BadManifest(
         "pod affinity namespace not a DNS label",
         {"spec.affinity.podAffinity": {REQUIRED: [{**POD_TERM, "namespaces": ["Team_A"]}]}},
@@ -752,7 +792,7 @@ GOOD_MANIFESTS = [
                                 "labelSelector": {
                                     "matchExpressions": [{"key": "app", "operator": "Exists"}]
                                 },
-                                "namespaces": ["team-a"],
+                                "namespaces": [],  # none listed: the experiment's own
                             },
                         }
                     ]
@@ -1182,22 +1222,27 @@ GOOD_MANIFESTS += [
     ),
 ]
 
-# Exclusive placement: the topology key is a node label key; naming one asks for exclusivity.
-# On tpu the slice's host variables are the operator's.
+# Exclusive placement: the topology key is one of the allow-listed node labels (one naming
+# every node, kubernetes.io/os, would keep the namespace's other gangs off the whole cluster);
+# naming one asks for exclusivity. On tpu the slice's host variables are the operator's.
 TPU_GANG = {"spec.accelerator": TPU, "spec.population.size": 16}  # 16 chips, 4 hosts
 BAD_MANIFESTS += [
     *_bad(
         "spec.placement.topologyKey",
         {
-            "topology key with a space": {"spec.placement": {"topologyKey": "gke nodepool"}},
-            "topology key with two slashes": {"spec.placement": {"topologyKey": "a/b/c"}},
-            "topology key empty": {"spec.placement": {"topologyKey": ""}},
-            "topology key name of 64 characters": {"spec.placement": {"topologyKey": "k" * 64}},
-            "topology key prefix of 254 characters": {
-                "spec.placement": {"topologyKey": "p" * 254 + "/pool"}
+            "topology key naming every node": {
+                "spec.placement": {"exclusive": True, "topologyKey": "kubernetes.io/os"}
             },
+            "topology key naming a zone": {
+                "spec.placement": {"topologyKey": "topology.kubernetes.io/zone"}
+            },
+            "topology key not listed": {"spec.placement": {"topologyKey": "example.com/rack"}},
+            "topology key of another case": {
+                "spec.placement": {"topologyKey": "Cloud.google.com/gke-nodepool"}
+            },
+            "topology key empty": {"spec.placement": {"topologyKey": ""}},
             "topology key of a gang that is not exclusive": {
-                "spec.placement": {"exclusive": False, "topologyKey": "example.com/rack"}
+                "spec.placement": {"exclusive": False, "topologyKey": "kubernetes.io/hostname"}
             },
         },
     ),
@@ -1228,21 +1273,20 @@ GOOD_MANIFESTS += [
     GoodManifest("a tpu slice opting out", {**TPU_GANG, "spec.placement": {"exclusive": False}}),
     GoodManifest(
         "a tpu slice on another topology key",
-        {**TPU_GANG, "spec.placement": {"topologyKey": "cloud.google.com/gke-tpu-slice"}},
+        {**TPU_GANG, "spec.placement": {"topologyKey": "cloud.google.com/gce-topology-subblock"}},
     ),
     GoodManifest(
         "an exclusive gpu gang by its topology key",
         {
             "spec.accelerator": {"type": "gpu", "hosts": 2, "gpu": {"count": 2}},
-            "spec.placement": {"topologyKey": "example.com/nvlink-domain"},
+            "spec.placement": {"topologyKey": "nvidia.com/gpu.clique"},
         },
     ),
     GoodManifest("an exclusive cpu gang", {"spec.placement": {"exclusive": True}}),
     GoodManifest(
-        "topology key prefix of 253 characters",
-        {"spec.placement": {"topologyKey": "p" * 253 + "/pool"}},
+        "an exclusive gang on one node",
+        {"spec.placement": {"exclusive": True, "topologyKey": "kubernetes.io/hostname"}},
     ),
-    GoodManifest("a bare topology key", {"spec.placement": {"topologyKey": "rack"}}),
     GoodManifest(
         "TPU_WORKER_ID in env on gpu",
         {

@@ -50,14 +50,12 @@ def api(cluster):
     client.close()
 
 
-@pytest.fixture
-def namespace(cluster, api, request) -> str:
-    """A fresh namespace for one test, with its default ServiceAccount ready."""
+def fresh_namespace(api, slug: str) -> str:
+    """A new namespace `<slug>-<random>`, once its default ServiceAccount is there."""
     from kubernetes import client
 
     core = client.CoreV1Api(api)
-    slug = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
-    name = f"{slug}-{uuid.uuid4().hex[:6]}"
+    name = f"{re.sub(r'[^a-z0-9-]', '-', slug.lower())[:40].strip('-')}-{uuid.uuid4().hex[:6]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
 
     def default_sa_exists():
@@ -66,8 +64,28 @@ def namespace(cluster, api, request) -> str:
         )
 
     wait_until(default_sa_exists, 30, f"the default ServiceAccount in {name}")
+    return name
+
+
+@pytest.fixture
+def namespace(cluster, api, request) -> str:
+    """A fresh namespace for one test, with its default ServiceAccount ready."""
+    from kubernetes import client
+
+    name = fresh_namespace(api, request.node.name)
     yield name
-    core.delete_namespace(name)
+    client.CoreV1Api(api).delete_namespace(name)
+
+
+@pytest.fixture
+def other_namespace(cluster, api) -> str:
+    """A second fresh namespace: another tenant's. Its experiments go with it."""
+    from kubernetes import client
+
+    name = fresh_namespace(api, "other-tenant")
+    yield name
+    release_gangs(K8s(cluster, api, None), name)
+    client.CoreV1Api(api).delete_namespace(name)
 
 
 @pytest.fixture(scope="session")
@@ -89,6 +107,11 @@ def crd(cluster):
 
 
 # -- the operator: one process for the session, shared by every package ----------------------
+# The chart values of the session's admission policies: the CSI drivers the pod settings of
+# the tests (tests/bad_manifests.py, test_pod_settings.py) name; the chart allows none.
+SESSION_VALUES = {"policy": {"allowedCSIDrivers": ["gcsfuse.csi.storage.gke.io", "d.example"]}}
+
+
 @pytest.fixture(scope="session")
 def operator_kubeconfig(cluster, crd, tmp_path_factory) -> Path:
     """The operator's identity: ServiceAccount evokube-system/evokube-operator, least privilege."""
@@ -97,7 +120,7 @@ def operator_kubeconfig(cluster, crd, tmp_path_factory) -> Path:
     rbac = operator_rbac(cluster, "evokube", OPERATOR_NAMESPACE)
     cluster.kubectl("apply", "-f", "-", input=rbac)
     # Host 0's token, the status guard and the experiment policy, as the chart installs them.
-    policies = operator_policies(cluster, "evokube", OPERATOR_NAMESPACE)
+    policies = operator_policies(cluster, "evokube", OPERATOR_NAMESPACE, SESSION_VALUES)
     cluster.kubectl("apply", "--server-side", "-f", "-", input=policies)
     api_client = cluster.api_client()
     try:

@@ -149,6 +149,9 @@ REASON_CLAIM_NOT_ALLOWED: Final = "ClaimNotAllowed"
 REASON_ACCOUNT_NOT_ALLOWED: Final = "AccountNotAllowed"
 # Blocked: a Secret or ConfigMap the spec references is not listed in the namespace's annotation.
 REASON_REFERENCE_NOT_ALLOWED: Final = "ReferenceNotAllowed"
+# Blocked: the checkpoint location lies in the operator's default location, outside the
+# namespace's own folder (ownership.location_blocker).
+REASON_LOCATION_NOT_ALLOWED: Final = "LocationNotAllowed"
 REASON_UNBLOCKED: Final = "Unblocked"  # Blocked False: the cause is gone
 REASON_EMPTYDIR_CHECKPOINTS: Final = "EmptyDirCheckpoints"  # CheckpointsEphemeral True
 REASON_DURABLE_CHECKPOINTS: Final = "DurableCheckpoints"  # CheckpointsEphemeral False

@@ -25,7 +25,7 @@ from typing import Any, cast
 from evokube_operator import api, builders
 from evokube_operator import conditions as cond
 from evokube_operator.observe import JobEvent, JobView, PodView, QueueView, gang_pods
-from evokube_operator.ownership import Blocker
+from evokube_operator.ownership import Blocker, location_blocker
 from evokube_operator.policies import deadline, failure, startup, success, timer
 from evokube_operator.spec import (
     Experiment,
@@ -194,6 +194,7 @@ class _Step:
     obs: Observation
     now: str
     timeouts: startup.Timeouts = startup.DEFAULT_TIMEOUTS
+    default_checkpoints: str | None = None  # the operator's default checkpoint location
 
     @property
     def exp(self) -> Experiment:
@@ -248,7 +249,7 @@ def decide(
     exp = obs.experiment
     # Only Jobs this very experiment owns (not a deleted namesake's, not look-alikes).
     obs = replace(obs, jobs=tuple(j for j in obs.jobs if j.owner_uid == exp.uid))
-    step = _Step(obs, format_time(obs.now), timeouts)
+    step = _Step(obs, format_time(obs.now), timeouts, default_checkpoints)
     old = Status.from_dict(exp.status)
     if exp.deleting:
         return Plan(old)
@@ -328,11 +329,16 @@ def _start(step: _Step, status: Status, spec: ExperimentSpec, events=()) -> Plan
 
     Not while pods of an earlier gang still run (they may be writing a checkpoint): the
     status is written and the other Jobs deleted, but the Job waits for a later reconcile.
-    Not while Blocked (the reconciler found a name conflict or a claim not opted in).
+    Not while Blocked: the checkpoint location reaches into another namespace's folder, or
+    the reconciler found a name conflict or a claim not opted in.
     """
-    if step.obs.blocked is not None:
-        return _blocked(step, status, spec, step.obs.blocked, events)
-    exp, attempt, hosts = step.exp, status.attempt, spec.accelerator.hosts
+    exp = step.exp
+    blocker = step.obs.blocked or location_blocker(
+        spec.checkpoint_location, step.default_checkpoints, exp.namespace
+    )
+    if blocker is not None:
+        return _blocked(step, status, spec, blocker, events)
+    attempt, hosts = status.attempt, spec.accelerator.hosts
     name = builders.job_name(exp.name, attempt)
     start = status.start_time or step.now
     phase = api.RESTARTING if status.phase == api.RESTARTING else api.PENDING
@@ -426,7 +432,10 @@ def _blocked(
         job_name=None,
         job_uid=None,
         coordinator_address=None,
-        checkpoint_location=spec.checkpoint_location,
+        # A refused location is never recorded: status would carry it on (desired_spec).
+        checkpoint_location=status.checkpoint_location
+        if blocker.reason == api.REASON_LOCATION_NOT_ALLOWED
+        else spec.checkpoint_location,
         conditions=conditions,
     )
     left = timer.remaining(

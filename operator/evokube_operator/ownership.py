@@ -7,13 +7,16 @@ experiment's uid; anything else under one of its names is a name conflict: the
 experiment waits, Blocked, and the foreign object stays untouched. The same goes
 for what the pods would use of the namespace and was not opted in: a claim
 without LABEL_CHECKPOINT_CLAIM, a ServiceAccount without LABEL_TRAINER_ACCOUNT,
-a Secret or ConfigMap the namespace's annotation does not list.
+a Secret or ConfigMap the namespace's annotation does not list; and for the
+folders of the operator's default checkpoint location, which belong to the
+namespace they are named after.
 
 Pure functions of object bodies; kube.py and reconcile.py act on their answers.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -146,3 +149,46 @@ def listing_blocker(
         return None
     message = "; ".join(unlisted) + " (whoever may edit the namespace lists the names there)"
     return Blocker(api.REASON_REFERENCE_NOT_ALLOWED, message)
+
+
+# A path segment as the CRD admits it in spec.checkpoint.location, but `.` and `..`: nothing a
+# store or a client library could decode (%2F) or resolve (Orbax normalises paths) into another.
+_PLAIN_SEGMENT = re.compile(r"[-A-Za-z0-9_.+@=,]+")
+_BUCKET_URL = re.compile(r"(?i:gs|s3)://([^/]*)(.*)", re.DOTALL)
+
+
+def _bucket_path(location: str) -> tuple[str, list[str]] | None:
+    """(bucket, path segments) of a gs:// or s3:// URL, None for a path. The scheme is dropped
+    (Cloud Storage also answers the S3 protocol), the bucket lower-cased (bucket names are) and
+    empty segments dropped (`//`, a trailing `/`), so one folder has one spelling."""
+    found = _BUCKET_URL.fullmatch(location)
+    if found is None:
+        return None
+    return found[1].lower(), [s for s in found[2].split("/") if s]
+
+
+def location_blocker(location: str, default: str | None, namespace: str) -> Blocker | None:
+    """None unless the checkpoint location `location` reaches into the operator's default
+    location `default` (where each namespace's experiments get <default>/<namespace>/<name>)
+    other than below <default>/<namespace>: at or above the default itself, or in another
+    namespace's folder. Path segments are compared without regard to case, but the
+    namespace's own, which must be exact; a `.`, `..` or any character the CRD would refuse
+    in the default's bucket is refused too."""
+    root, place = _bucket_path(default or ""), _bucket_path(location)
+    if root is None or place is None or place[0] != root[0]:
+        return None
+    root_path, path = root[1], place[1]
+    depth = len(root_path)
+    if all(_PLAIN_SEGMENT.fullmatch(s) and s not in (".", "..") for s in path):
+        shared = min(depth, len(path))
+        if [s.lower() for s in path[:shared]] != [s.lower() for s in root_path[:shared]]:
+            return None  # beside the default location: the bucket's IAM is the only judge
+        if path[depth : depth + 1] == [namespace]:
+            return None  # in the namespace's own folder
+    message = (
+        f"spec.checkpoint.location: {location} reaches into the operator's default checkpoint "
+        f"location {default} outside this namespace's folder {default}/{namespace}, where "
+        "other namespaces' experiments keep their checkpoints: name a location under "
+        f"{default}/{namespace}/ or outside {default}"
+    )
+    return Blocker(api.REASON_LOCATION_NOT_ALLOWED, message)

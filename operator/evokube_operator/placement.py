@@ -9,23 +9,32 @@ with free chips of the right type and topology, so with two slices of the same s
 gang can get half of each (the halves then cannot form one TPU mesh), and two gangs can
 share a slice. The operator prevents both with two required scheduling terms on every
 pod of an exclusive gang, keyed on the node label that names a slice (the topology key,
-`cloud.google.com/gke-nodepool` unless spec.placement.topologyKey says otherwise):
+`cloud.google.com/gke-nodepool` unless spec.placement.topologyKey, one of the CRD's
+allow-listed keys, says otherwise):
 
 - pod affinity to the pods of its own gang: once one pod of the gang is bound, the rest
   may only go where the label has the same value. The first pod has no peer yet, and the
   scheduler lets a pod whose own labels match its affinity term be the first of a group;
-- pod anti-affinity, across namespaces, to pods of any other gang: a slice that runs a
-  pod of another gang is no candidate.
+- pod anti-affinity to the pods of any other gang of the same namespace: a slice that runs
+  a pod of another of the namespace's gangs is no candidate.
+
+Neither term reaches into another namespace. The scheduler also honours the anti-affinity
+of pods already bound against each pod it places, so a term selecting every namespace
+would let one tenant's gang (one CPU pod, say, keyed on a label every node shares) keep
+every other tenant's gangs off the cluster. Between namespaces a slice is held by what
+the gang's pods request (a TPU host's every chip), and two tenants' gangs that start at
+once can each take part of one free slice: admitting whole gangs across tenants is
+Kueue's part (spec.queueName; docs/security.md, "Scheduling").
 
 These are the terms of JobSet's `alpha.jobset.sigs.k8s.io/exclusive-topology` annotation
 (kubernetes-sigs/jobset, pkg/webhooks/pod_mutating_webhook.go, which gives them to the pod
 of index 0 and pins the others to its slice by a node selector, a webhook's job; here every
-pod gets them). The gang is named by the pod label GANG_LABEL, the SHA-1 of
-`<namespace>/<job>`, as JobSet's `jobset.sigs.k8s.io/job-key`: a Job's name is unique only
-within its namespace, its uid is not known before the pods exist, and a label value holds
-at most 63 characters. Every trainer pod carries the label, so an exclusive gang also keeps
-non-exclusive evokube gangs out of its slice (the scheduler checks the anti-affinity of pods
-already bound against a pod it places, too); pods of other software are not affected.
+pod gets them), less JobSet's `namespaceSelector: {}`. The gang is named by the pod label
+GANG_LABEL, the SHA-1 of `<namespace>/<job>`, as JobSet's `jobset.sigs.k8s.io/job-key`: a
+Job's name is unique only within its namespace, its uid is not known before the pods exist,
+and a label value holds at most 63 characters. Every trainer pod carries the label, so an
+exclusive gang also keeps the namespace's non-exclusive evokube gangs out of its slice;
+pods of other software are not affected.
 
 The TPU host environment
 ------------------------
@@ -55,6 +64,7 @@ GANG_LABEL: Final = "evokube.io/gang"
 DEFAULT_TOPOLOGY_KEY: Final = "cloud.google.com/gke-nodepool"
 
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 
 
 def gang_key(namespace: str, job: str) -> str:
@@ -93,8 +103,6 @@ def exclusive_terms(gang: str, topology_key: str) -> tuple[dict[str, Any], dict[
                 {"key": GANG_LABEL, "operator": "NotIn", "values": [gang]},
             ]
         },
-        # Every namespace: another team's gang on the slice is just as much in the way.
-        "namespaceSelector": {},
         "topologyKey": topology_key,
     }
     return together, alone

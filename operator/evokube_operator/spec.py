@@ -264,9 +264,8 @@ def parse_spec(
     tolerations = raw.get("tolerations") or []
     if not isinstance(tolerations, list) or not all(isinstance(t, Mapping) for t in tolerations):
         raise SpecError("spec.tolerations: expected a list of objects")
-    affinity = raw.get("affinity")
-    if affinity is not None and not isinstance(affinity, Mapping):
-        raise SpecError("spec.affinity: expected an object")
+    affinity = _mapping(raw.get("affinity"), "affinity")
+    _pod_terms_in_own_namespace(affinity)
     accelerator = parse_accelerator(_mapping(raw.get("accelerator"), "accelerator"))
     return ExperimentSpec(
         image=image,
@@ -313,6 +312,30 @@ def parse_spec(
         volumes=_objects(raw.get("volumes"), "volumes"),
         volume_mounts=_objects(raw.get("volumeMounts"), "volumeMounts"),
     )
+
+
+def _pod_terms_in_own_namespace(affinity: Mapping[str, Any]) -> None:
+    """Refuse pod (anti-)affinity terms that select pods of other namespaces: the CRD does, and
+    this holds for an experiment stored before it did (docs/security.md, "Scheduling")."""
+    for kind in ("podAffinity", "podAntiAffinity"):
+        section = _mapping(affinity.get(kind), f"affinity.{kind}")
+        required, preferred = (
+            _objects(section.get(when), f"affinity.{kind}.{when}")
+            for when in (placement.REQUIRED, placement.PREFERRED)
+        )
+        terms = {f"{placement.REQUIRED}[{i}]": term for i, term in enumerate(required)}
+        for i, weighted in enumerate(preferred):
+            path = f"{placement.PREFERRED}[{i}].podAffinityTerm"
+            terms[path] = _mapping(weighted.get("podAffinityTerm"), f"affinity.{kind}.{path}")
+        for path, term in terms.items():
+            for key in ("namespaceSelector", "namespaces"):
+                value = term.get(key)
+                # A namespaceSelector, even {}, selects other namespaces; an empty list, none.
+                if value is not None and (key == "namespaceSelector" or value):
+                    raise SpecError(
+                        f"spec.affinity.{kind}.{path}.{key}: pod affinity and anti-affinity "
+                        "terms apply to the experiment's own namespace"
+                    )
 
 
 def _exclusive_topology_key(raw: Any, accelerator: Accelerator) -> str | None:

@@ -21,15 +21,22 @@ VALUES = {
         "allowedPriorityClasses": ["team-low", "team-high"],
         "allowedWorkloadPriorityClasses": ["sweep"],
         "allowedTolerationKeys": ["dedicated", "google.com/tpu"],
+        "allowedCSIDrivers": ["gcsfuse.csi.storage.gke.io"],
     },
     # Only the experiment policy matters here.
     "admission": {"trainerToken": False, "statusGuard": False},
 }
+ONLY_THE_EXPERIMENT_POLICY = {"admission": VALUES["admission"]}
+FUSE = {"name": "fuse", "csi": {"driver": "gcsfuse.csi.storage.gke.io"}}
 
 
-@pytest.fixture
-def policed(cluster, crd, make_namespace):
-    """A namespace under the policy of VALUES; the policy goes with the test."""
+def csi(driver: str) -> dict:
+    return {"name": "v", "csi": {"driver": driver, "volumeAttributes": {"a": "b"}}}
+
+
+def police(cluster, make_namespace, values) -> tuple[str, str]:
+    """A new namespace under the experiment policy rendered from `values` alone:
+    (namespace, the policy's YAML, for deleting it)."""
     namespace = make_namespace("policed")
     cluster.kubectl("label", "namespace", namespace, f"{OWN_RELEASE_LABEL}=policy")
     release = f"evokube-{namespace}"
@@ -37,17 +44,24 @@ def policed(cluster, crd, make_namespace):
         cluster,
         release,
         "evokube-system",
-        {**VALUES, "watchNamespaces": [namespace]},
+        {**values, "watchNamespaces": [namespace]},
         show_only=[ADMISSION_TEMPLATE],
     )
     cluster.kubectl("apply", "-f", "-", input=policy)
 
-    def bad_image_refused():
-        probe = experiment_manifest("probe", namespace, image="docker.io/evil/miner:1")
+    def unlisted_driver_refused():  # no values list it
+        probe = experiment_manifest("probe", namespace, volumes=[csi("probe.invalid")])
         run = apply(cluster, probe, dry_run=True)
         return run.returncode != 0
 
-    wait_until(bad_image_refused, 30, "the experiment policy to take effect")
+    wait_until(unlisted_driver_refused, 30, "the experiment policy to take effect")
+    return namespace, policy
+
+
+@pytest.fixture
+def policed(cluster, crd, make_namespace):
+    """A namespace under the policy of VALUES; the policy goes with the test."""
+    namespace, policy = police(cluster, make_namespace, VALUES)
     yield namespace
     cluster.kubectl("delete", "-f", "-", "--wait=false", input=policy, check=False)
 
@@ -81,8 +95,20 @@ def apply(cluster, manifest, dry_run=False):
             {"tolerations": [{"key": "example.com/reserved", "operator": "Exists"}]},
             "spec.tolerations: only the keys dedicated, google.com/tpu may be tolerated",
         ),
+        (
+            {"volumes": [FUSE, csi("evil.csi.example")]},
+            "spec.volumes[1].csi.driver: evil.csi.example: the chart value "
+            "policy.allowedCSIDrivers lists gcsfuse.csi.storage.gke.io",
+        ),
     ],
-    ids=["image", "image-prefix-lookalike", "other-class", "other-workload-class", "taint"],
+    ids=[
+        "image",
+        "image-prefix-lookalike",
+        "other-class",
+        "other-workload-class",
+        "taint",
+        "csi-driver",
+    ],
 )
 def test_the_policy_refuses_what_the_values_do_not_allow(cluster, policed, spec, message):
     run = apply(cluster, experiment_manifest("refused", policed, **spec))
@@ -100,6 +126,7 @@ def test_the_policy_admits_what_the_values_allow_and_judges_each_spec_change(clu
         queueName="research",
         workloadPriorityClassName="sweep",
         tolerations=[{"key": "dedicated", "operator": "Equal", "value": "rl"}],
+        volumes=[FUSE],
         suspend=True,
     )
     assert apply(cluster, allowed).returncode == 0
@@ -211,3 +238,19 @@ def test_secrets_and_config_maps_the_namespace_does_not_list_are_refused(cluster
     ]:
         run = apply(cluster, experiment_manifest("unlisted", policed, **spec), dry_run=True)
         assert run.returncode != 0 and message in run.stderr, run.stderr
+
+
+def test_by_default_no_csi_volume_is_admitted(cluster, crd, make_namespace):
+    """An inline CSI volume runs the driver on the node with the author's attributes: the chart
+    allows none until policy.allowedCSIDrivers lists the drivers the cluster trusts."""
+    namespace, policy = police(cluster, make_namespace, ONLY_THE_EXPERIMENT_POLICY)
+    try:
+        run = apply(cluster, experiment_manifest("fuse", namespace, volumes=[FUSE]))
+        assert run.returncode != 0
+        assert (
+            "spec.volumes[0].csi.driver: gcsfuse.csi.storage.gke.io: the chart value "
+            "policy.allowedCSIDrivers lists no CSI driver"
+        ) in run.stderr, run.stderr
+        assert apply(cluster, experiment_manifest("plain", namespace)).returncode == 0
+    finally:
+        cluster.kubectl("delete", "-f", "-", "--wait=false", input=policy, check=False)

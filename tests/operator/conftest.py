@@ -345,3 +345,24 @@ def experiment_manifest(name: str, namespace: str, **spec) -> dict:
         "metadata": {"name": name, "namespace": namespace},
         "spec": base,
     }
+
+
+def documented_tenant_quotas() -> list[dict]:
+    """The ResourceQuotas docs/security.md recommends for each tenant namespace."""
+    text = (REPO / "docs" / "security.md").read_text()
+    section = text.split("## Per tenant: what the chart recommends", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    return [quota for quota in yaml.safe_load_all(block) if quota]
+
+
+def apply_quotas(k8s: K8s, namespace: str, quotas: list[dict]) -> None:
+    """Create the quotas and wait until the quota controller counts them (until then the API
+    server refuses what they cover)."""
+    for quota in quotas:
+        k8s.core.create_namespaced_resource_quota(namespace, quota)
+    for quota in quotas:
+        name = quota["metadata"]["name"]
+        k8s.wait(
+            lambda n=name: k8s.core.read_namespaced_resource_quota(n, namespace).status.hard,
+            f"quota {name} to be counted",
+        )

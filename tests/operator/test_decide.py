@@ -21,7 +21,7 @@ from evokube_operator.decide import (
     desired_spec,
 )
 from evokube_operator.observe import PodView, QueueView
-from evokube_operator.ownership import Blocker
+from evokube_operator.ownership import Blocker, location_blocker
 from evokube_operator.spec import Experiment, format_time
 from tests.operator.factories import NOW, TPU, body, gang, job, pod, running_status
 
@@ -747,3 +747,79 @@ def test_a_claim_without_a_location_keeps_the_default_path_not_the_default_bucke
     plan = decide(obs, default_checkpoints=DEFAULT)
     assert plan.status.checkpoint_location == api.DEFAULT_CHECKPOINT_DIR
     assert desired_spec(obs.experiment, DEFAULT).checkpoint_claim == "c"
+
+
+# -- a namespace's folder of the default location is no other namespace's ------------------------
+@pytest.mark.parametrize(
+    ("location", "default"),
+    [
+        (f"{DEFAULT}/other/demo", DEFAULT),  # another namespace's experiment
+        (f"{DEFAULT}/other", DEFAULT),  # another namespace's folder
+        (f"{DEFAULT}/nsx/demo", DEFAULT),  # a namespace whose name starts like this one's
+        (DEFAULT, DEFAULT),  # the default itself: the trainer's folders would land among them
+        ("gs://team-bucket", DEFAULT),  # above it
+        ("s3://team-bucket/evokube/other/x", DEFAULT),  # Cloud Storage answers S3 too
+        ("GS://Team-Bucket/Evokube/other/x", DEFAULT),  # cases
+        (f"{DEFAULT}/NS/x", DEFAULT),  # the namespace's own name, in another case
+        ("gs://team-bucket//evokube/other/x", DEFAULT),  # an empty segment
+        (f"{DEFAULT}/ns/../other/x", DEFAULT),  # Orbax normalises paths
+        (f"{DEFAULT}/ns/./x", DEFAULT),
+        (f"{DEFAULT}/ns/%2E%2E/other", DEFAULT),  # an escape
+        ("gs://team-bucket/evokube%2Fother/x", DEFAULT),
+        ("gs://team-bucket/a b", DEFAULT),
+        (f"{DEFAULT}/other/x", f"{DEFAULT}/"),  # the operator's default, spelled otherwise
+        ("gs://team-bucket/other/x", "gs://team-bucket"),  # a default that is a whole bucket
+    ],
+)
+def test_locations_reaching_into_other_namespaces_folders_are_refused(location, default):
+    blocker = location_blocker(location, default, "ns")
+    assert blocker is not None
+    assert blocker.reason == api.REASON_LOCATION_NOT_ALLOWED
+    assert blocker.message.startswith(f"spec.checkpoint.location: {location} reaches into")
+
+
+@pytest.mark.parametrize(
+    ("location", "default"),
+    [
+        (f"{DEFAULT}/ns/demo", DEFAULT),  # its own default folder
+        (f"{DEFAULT}/ns", DEFAULT),  # the namespace's folder
+        (f"{DEFAULT}/ns/another-experiment/x", DEFAULT),  # the namespace's other experiments
+        ("s3://team-bucket/evokube/ns/x", DEFAULT),
+        ("gs://team-bucket/EVOKUBE/ns/x", DEFAULT),
+        ("gs://team-bucket/elsewhere/x", DEFAULT),  # beside the default: IAM decides
+        ("gs://team-bucket/evokube-old/other", DEFAULT),
+        ("gs://other-bucket/evokube/other/x", DEFAULT),
+        ("gs://other-bucket/a%2Fb", DEFAULT),
+        ("/checkpoints/other", DEFAULT),  # a path: a volume of the pod's own
+        (f"{DEFAULT}/other/demo", None),  # no default location
+    ],
+)
+def test_locations_of_the_namespace_or_beside_the_default_are_allowed(location, default):
+    assert location_blocker(location, default, "ns") is None
+
+
+def test_a_location_in_another_namespaces_folder_blocks_and_is_never_recorded():
+    theirs = f"{DEFAULT}/other/demo"
+    obs = observe(checkpoint={"location": theirs})
+    plan = decide(obs, default_checkpoints=DEFAULT)
+    assert plan.create_job is None
+    blocked = find(plan.status.conditions, api.COND_BLOCKED)
+    assert (blocked["status"], blocked["reason"]) == ("True", api.REASON_LOCATION_NOT_ALLOWED)
+    assert blocked["message"].startswith(f"spec.checkpoint.location: {theirs}")
+    assert ("Warning", api.REASON_LOCATION_NOT_ALLOWED) in [(e.type, e.reason) for e in plan.events]
+    # Not in status, which would make it the experiment's location once the spec drops it.
+    assert plan.status.checkpoint_location is None
+    fixed = decide(observe(settle(obs, plan).experiment.status), default_checkpoints=DEFAULT)
+    assert fixed.create_job == 0
+    assert fixed.status.checkpoint_location == f"{DEFAULT}/ns/demo"
+    unblocked = find(fixed.status.conditions, api.COND_BLOCKED)
+    assert (unblocked["status"], unblocked["reason"]) == ("False", api.REASON_UNBLOCKED)
+
+
+def test_a_location_recorded_before_the_rule_blocks_the_next_attempt():
+    status = running_status(checkpointLocation=f"{DEFAULT}/other/demo")
+    failed = pod(0, "Failed", exit_code=75, job_uid="job-uid-0")
+    plan = decide(observe(status, [job(0)], [failed]), default_checkpoints=DEFAULT)
+    assert plan.create_job is None
+    blocked = find(plan.status.conditions, api.COND_BLOCKED)
+    assert blocked["reason"] == api.REASON_LOCATION_NOT_ALLOWED

@@ -10,7 +10,7 @@ from evokube_operator import builders
 from evokube_operator.kube import ApiError, Kube
 from evokube_operator.ownership import NameConflict
 from evokube_operator.spec import Experiment
-from tests.operator.conftest import experiment_manifest
+from tests.operator.conftest import experiment_manifest, stand_in
 from tests.operator.test_operator import assert_everything_owned_is_gone
 
 pytestmark = pytest.mark.cluster
@@ -198,6 +198,41 @@ def test_a_checkpoint_claim_is_mounted_only_once_it_opts_in(k8s, namespace):
     assert volumes["checkpoints"].persistent_volume_claim.claim_name == "ckpt"
     cleared = k8s.condition(namespace, "c", evokube.COND_BLOCKED)
     assert (cleared["status"], cleared["reason"]) == ("False", evokube.REASON_UNBLOCKED)
+
+
+def test_a_checkpoint_location_in_another_namespaces_folder_is_refused(
+    cluster, api, operator, operator_kubeconfig, namespace
+):
+    """Each namespace's experiments get <default>/<namespace>/<name> in the shared bucket; a
+    location naming another namespace's folder (here in another spelling the CRD admits: s3://
+    for gs://, another case) blocks the experiment, which records nothing and starts no pod."""
+    default = "gs://team-bucket/evokube"
+    theirs = "s3://team-bucket/Evokube/other-team/victim"
+    with stand_in(
+        cluster,
+        api,
+        operator,
+        operator_kubeconfig,
+        namespace,
+        "locations",
+        f"--default-checkpoint-location={default}",
+    ) as k8s:
+        checkpoint = {"location": theirs}
+        k8s.apply(experiment_manifest("t", namespace, checkpoint=checkpoint))
+        condition = k8s.wait(lambda: blocked(k8s, namespace, "t"), "t to be Blocked")
+        assert condition["reason"] == evokube.REASON_LOCATION_NOT_ALLOWED
+        assert condition["message"].startswith(f"spec.checkpoint.location: {theirs} reaches")
+        k8s.wait_event(namespace, "t", evokube.REASON_LOCATION_NOT_ALLOWED)
+        assert "checkpointLocation" not in k8s.status(namespace, "t")
+        assert not k8s.jobs(namespace, "t")
+
+        # Under the namespace's own folder, the gang starts.
+        mine = f"{default}/{namespace}/t-elsewhere"
+        k8s.patch_spec(namespace, "t", {"checkpoint": {"location": mine}})
+        status = k8s.wait_running_gang(namespace, "t", 1, timeout=60)
+        assert status["checkpointLocation"] == mine
+        cleared = k8s.condition(namespace, "t", evokube.COND_BLOCKED)
+        assert (cleared["status"], cleared["reason"]) == ("False", evokube.REASON_UNBLOCKED)
 
 
 def test_a_job_deleted_by_hand_starts_the_next_attempt_as_a_preemption(k8s, cluster, namespace):

@@ -24,6 +24,8 @@ from tests.operator.conftest import (
     PLURAL,
     VERSION,
     K8s,
+    apply_quotas,
+    documented_tenant_quotas,
     experiment_manifest,
     release_gangs,
     stand_in,
@@ -74,9 +76,14 @@ def selects(selector: dict, labels: dict) -> bool:
         ({"exclusive": False}, "tpu", 4, None),
         ({"exclusive": True}, "gpu", 2, SLICE_LABEL),
         ({"exclusive": True}, "cpu", 1, SLICE_LABEL),
-        ({"topologyKey": "example.com/rack"}, "gpu", 2, "example.com/rack"),  # naming one opts in
-        ({"topologyKey": "example.com/rack"}, "tpu", 4, "example.com/rack"),
-        ({"exclusive": True, "topologyKey": "rack"}, "tpu", 1, "rack"),
+        ({"topologyKey": "nvidia.com/gpu.clique"}, "gpu", 2, "nvidia.com/gpu.clique"),  # opts in
+        ({"topologyKey": "kubernetes.io/hostname"}, "tpu", 4, "kubernetes.io/hostname"),
+        (
+            {"exclusive": True, "topologyKey": "kubernetes.io/hostname"},
+            "tpu",
+            1,
+            "kubernetes.io/hostname",
+        ),
     ],
 )
 def test_tpu_slices_are_exclusive_by_default_and_others_opt_in(
@@ -88,8 +95,8 @@ def test_tpu_slices_are_exclusive_by_default_and_others_opt_in(
 def test_parse_spec_resolves_placement_and_refuses_what_is_not_one():
     assert parse_spec(experiment(accelerator=TPU).spec).exclusive_topology_key == SLICE_LABEL
     assert parse_spec(experiment(accelerator=GPU).spec).exclusive_topology_key is None
-    opted = experiment(accelerator=GPU, placement={"topologyKey": "example.com/nvlink"})
-    assert parse_spec(opted.spec).exclusive_topology_key == "example.com/nvlink"
+    opted = experiment(accelerator=GPU, placement={"topologyKey": "nvidia.com/gpu.clique"})
+    assert parse_spec(opted.spec).exclusive_topology_key == "nvidia.com/gpu.clique"
     for bad, field in [
         ({"exclusive": "yes"}, "spec.placement.exclusive"),
         ({"exclusive": 1}, "spec.placement.exclusive"),
@@ -120,15 +127,17 @@ def test_a_tpu_gang_keeps_to_one_slice_and_has_it_to_itself():
     (alone,) = affinity["podAntiAffinity"][REQUIRED]
     assert together["topologyKey"] == alone["topologyKey"] == SLICE_LABEL
     # The gang's own pods attract it (the first pod matches its own term, so it may start
-    # anywhere) and never repel it; any other evokube gang's pods repel it, in any namespace.
+    # anywhere) and never repel it; any other evokube gang's pods of its namespace repel it.
     assert selects(together["labelSelector"], labels)
     assert not selects(alone["labelSelector"], labels)
     other = {**labels, placement.GANG_LABEL: placement.gang_key("team-b", "demo-2")}
     assert not selects(together["labelSelector"], other)
     assert selects(alone["labelSelector"], other)
     assert not selects(alone["labelSelector"], {"app": "not-ours"})  # others' pods: no matter
-    assert alone["namespaceSelector"] == {}
-    assert "namespaceSelector" not in together  # the key is unique: own namespace suffices
+    # Neither term names namespaces: both hold in the pod's own (another tenant's gang is not
+    # kept off, and cannot keep this one off either).
+    for term in (together, alone):
+        assert "namespaceSelector" not in term and "namespaces" not in term
 
 
 def test_every_trainer_pod_carries_its_gang_so_exclusive_gangs_see_it():
@@ -177,10 +186,52 @@ def test_the_users_affinity_is_kept_and_ours_added():
     assert placement.pod_affinity({}, "g", None) is None
 
 
+HOST = "kubernetes.io/hostname"
+
+
+@pytest.mark.parametrize(
+    ("affinity", "field"),
+    [
+        (
+            {"podAntiAffinity": {REQUIRED: [{"topologyKey": HOST, "namespaceSelector": {}}]}},
+            f"podAntiAffinity.{REQUIRED}[0].namespaceSelector",
+        ),
+        (
+            {"podAffinity": {REQUIRED: [{"topologyKey": HOST, "namespaces": ["team-b"]}]}},
+            f"podAffinity.{REQUIRED}[0].namespaces",
+        ),
+        (
+            {
+                "podAntiAffinity": {
+                    placement.PREFERRED: [
+                        {
+                            "weight": 1,
+                            "podAffinityTerm": {
+                                "topologyKey": HOST,
+                                "namespaceSelector": {"matchLabels": {"team": "b"}},
+                            },
+                        }
+                    ]
+                }
+            },
+            f"podAntiAffinity.{placement.PREFERRED}[0].podAffinityTerm.namespaceSelector",
+        ),
+    ],
+)
+def test_the_operator_refuses_stored_terms_that_reach_other_namespaces(affinity, field):
+    """The CRD refuses them (tests/bad_manifests.py); this is for an experiment stored before."""
+    with pytest.raises(SpecError) as refused:
+        parse_spec(experiment(affinity=affinity).spec)
+    assert str(refused.value).startswith(f"spec.affinity.{field}: ")
+    own = {"podAntiAffinity": {REQUIRED: [{"topologyKey": HOST, "namespaces": []}]}}
+    assert parse_spec(experiment(affinity=own).spec).affinity == own
+
+
 def test_a_user_topology_key_and_an_opt_out_reach_the_job():
-    job = build(accelerator=TPU, placement={"topologyKey": "cloud.google.com/gke-tpu-slice"})
+    key = "cloud.google.com/gce-topology-subblock"
+    job = build(accelerator=TPU, placement={"topologyKey": key})
     affinity = pod_template(job)["spec"]["affinity"]
-    assert affinity["podAffinity"][REQUIRED][0]["topologyKey"] == "cloud.google.com/gke-tpu-slice"
+    assert affinity["podAffinity"][REQUIRED][0]["topologyKey"] == key
     assert (
         "affinity"
         not in pod_template(build(accelerator=TPU, placement={"exclusive": False}))["spec"]
@@ -389,3 +440,51 @@ def test_a_gang_that_fits_only_as_two_half_slices_never_splits(impatient, namesp
             lambda: not k8s.core.list_namespaced_pod(namespace).items,
             "the other software's pods to be gone",
         )
+
+
+def pod_scheduled(pod) -> client.V1PodCondition | None:
+    return next((c for c in pod.status.conditions or [] if c.type == "PodScheduled"), None)
+
+
+@pytest.mark.cluster
+def test_an_exclusive_gang_keeps_only_its_own_namespaces_gangs_off_its_pool(
+    k8s, namespace, other_namespace
+):
+    """Issue 22's attack: a one-pod CPU gang, exclusive on the node pool all CPU nodes share,
+    kept every other namespace's gangs off all of them. Its terms hold in its own namespace
+    now: another tenant's gangs, exclusive or not, run beside it; its namespace's other
+    gangs stay off; and the quotas docs/security.md recommends per tenant (one refuses pods
+    with cross-namespace terms) admit it."""
+    apply_quotas(k8s, namespace, documented_tenant_quotas())  # cross-namespace terms: none
+    k8s.apply(experiment_manifest("hog", namespace, placement={"exclusive": True}))
+    hog = k8s.wait_running_gang(namespace, "hog", 1, timeout=60)
+    (pod,) = k8s.running_pods(namespace, "hog", hog["jobName"])
+    pool = slice_of_node(k8s, pod.spec.node_name)
+
+    # Another tenant's gangs, one at a time (its exclusive gang would keep its loose one off).
+    two_hosts = {"type": "cpu", "hosts": 2}
+    for name, spec_placement in (("loose", {}), ("exclusive", {"exclusive": True})):
+        k8s.apply(
+            experiment_manifest(
+                name, other_namespace, accelerator=two_hosts, placement=spec_placement
+            )
+        )
+        status = k8s.wait_running_gang(other_namespace, name, 2, timeout=60)
+        pods = k8s.running_pods(other_namespace, name, status["jobName"])
+        assert set(bound_slices(k8s, pods)) == {pool}  # beside the hog
+        delete_experiment(k8s, other_namespace, name)
+
+    # The hog's own namespace: one slice, one gang.
+    k8s.apply(experiment_manifest("second", namespace, placement={"exclusive": True}))
+    refused = k8s.wait(
+        lambda: next(
+            (
+                c
+                for p in k8s.pods(namespace, "second")
+                if (c := pod_scheduled(p)) and c.status == "False"
+            ),
+            None,
+        ),
+        "the second gang's pod to be found unschedulable",
+    )
+    assert "didn't match pod anti-affinity rules" in refused.message

@@ -22,6 +22,8 @@ from tests.operator.conftest import (
     PLURAL,
     REPO,
     VERSION,
+    apply_quotas,
+    documented_tenant_quotas,
     experiment_manifest,
 )
 from tests.operator.factories import GPU, TPU, experiment
@@ -322,6 +324,37 @@ def test_system_priority_classes_are_refused_by_default(k8s, operator, namespace
     )
     # The CRD refuses them too; the chart's policy also holds with an older CRD.
     assert run.returncode != 0 and "spec.priorityClassName" in run.stderr, run.stderr
+
+
+@pytest.mark.cluster
+def test_the_tenant_quotas_of_docs_security_md_bound_experiments_and_terms(k8s, namespace):
+    """The recommended quotas, with room for one experiment: a second is refused, and so is
+    any pod with a pod anti-affinity term reaching other namespaces."""
+    quotas = documented_tenant_quotas()
+    (tenant,) = [q for q in quotas if "count/erlexperiments.evokube.io" in q["spec"]["hard"]]
+    tenant["spec"]["hard"]["count/erlexperiments.evokube.io"] = "1"
+    apply_quotas(k8s, namespace, quotas)
+    k8s.apply(experiment_manifest("one", namespace, suspend=True))
+    run = k8s.apply(experiment_manifest("two", namespace, suspend=True), check=False)
+    assert run.returncode != 0 and "exceeded quota: evokube-tenant" in run.stderr, run.stderr
+    term = {
+        "labelSelector": {"matchLabels": {"app": "x"}},
+        "topologyKey": "kubernetes.io/hostname",
+        "namespaceSelector": {},
+    }
+    pod = {
+        "metadata": {"name": "reaching"},
+        "spec": {
+            "containers": [{"name": "c", "image": "registry.invalid/c:1"}],
+            "affinity": {
+                "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
+            },
+        },
+    }
+    with pytest.raises(ApiException) as refused:
+        k8s.core.create_namespaced_pod(namespace, pod)
+    assert refused.value.status == 403
+    assert "exceeded quota: evokube-no-cross-namespace-terms" in refused.value.body
 
 
 # -- docs/security.md's `kubectl auth can-i` matrix ------------------------------------------------
