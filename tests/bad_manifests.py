@@ -151,6 +151,14 @@ BAD_MANIFESTS = [
     BadManifest(
         "coordinator port out of range", {"spec.coordinatorPort": 70000}, "spec.coordinatorPort"
     ),
+    BadManifest(
+        "metrics port is the coordinator's",
+        {"spec.metricsPort": 8476, "spec.coordinatorPort": 8476},
+        "spec.metricsPort",
+    ),
+    BadManifest(
+        "metrics port is the default coordinator's", {"spec.metricsPort": 8476}, "spec.metricsPort"
+    ),
     BadManifest("zero deadline", {"spec.activeDeadlineSeconds": 0}, "spec.activeDeadlineSeconds"),
     BadManifest(
         "negative ttl", {"spec.ttlSecondsAfterFinished": -5}, "spec.ttlSecondsAfterFinished"

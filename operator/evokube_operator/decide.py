@@ -26,7 +26,7 @@ from evokube_operator import api, builders
 from evokube_operator import conditions as cond
 from evokube_operator.observe import JobEvent, JobView, PodView, QueueView, gang_pods
 from evokube_operator.ownership import Blocker, location_blocker
-from evokube_operator.policies import deadline, failure, startup, success, timer
+from evokube_operator.policies import deadline, failure, refusal, startup, success, timer
 from evokube_operator.spec import (
     Experiment,
     ExperimentSpec,
@@ -139,8 +139,8 @@ class Observation:
     jobs: tuple[JobView, ...]
     pods: tuple[PodView, ...]
     now: datetime
-    # The API server refused the Job of the current attempt (400/422): why.
-    rejected: str | None = None
+    # The API server refused an object this attempt needs (the reconciler tried to create it).
+    refused: refusal.Refusal | None = None
     # The experiment was just read from the API server, not from the watch cache.
     fresh: bool = False
     # What keeps the current attempt's Job from being created (the reconciler checked).
@@ -268,9 +268,8 @@ def _decide_active(step: _Step, old: Status, spec: ExperimentSpec) -> Plan:
     newest = max((j.attempt for j in obs.jobs if j.attempt is not None), default=-1)
     if newest > old.attempt and not obs.fresh:
         return Plan(old, stale=True)
-    if obs.rejected:
-        message = f"the API server refused the trainer Job: {obs.rejected}"
-        return _fail(step, old, api.REASON_INVALID_SPEC, message, spec)
+    if obs.refused is not None and obs.refused.final:
+        return _fail(step, old, obs.refused.reason, obs.refused.message, spec)
     if spec.suspend:
         return _suspend(step, old, spec)
     status, events = old, cast(tuple[Event, ...], ())
@@ -329,8 +328,9 @@ def _start(step: _Step, status: Status, spec: ExperimentSpec, events=()) -> Plan
 
     Not while pods of an earlier gang still run (they may be writing a checkpoint): the
     status is written and the other Jobs deleted, but the Job waits for a later reconcile.
-    Not while Blocked: the checkpoint location reaches into another namespace's folder, or
-    the reconciler found a name conflict or a claim not opted in.
+    Not while Blocked: the checkpoint location reaches into another namespace's folder, the
+    reconciler found a name conflict or a claim not opted in, or the API server refused an object
+    for a cause that may pass (then with backoff).
     """
     exp = step.exp
     blocker = step.obs.blocked or location_blocker(
@@ -338,6 +338,10 @@ def _start(step: _Step, status: Status, spec: ExperimentSpec, events=()) -> Plan
     )
     if blocker is not None:
         return _blocked(step, status, spec, blocker, events)
+    refused = step.obs.refused
+    if refused is not None:
+        blocker = Blocker(refused.reason, refused.message)
+        return _blocked(step, status, spec, blocker, events, backoff=True)
     attempt, hosts = status.attempt, spec.accelerator.hosts
     name = builders.job_name(exp.name, attempt)
     start = status.start_time or step.now
@@ -416,10 +420,16 @@ def _checkpoint_durability(
 
 
 def _blocked(
-    step: _Step, status: Status, spec: ExperimentSpec, blocker: Blocker, events=()
+    step: _Step,
+    status: Status,
+    spec: ExperimentSpec,
+    blocker: Blocker,
+    events=(),
+    backoff: bool = False,
 ) -> Plan:
     """No Job until a person acts: Blocked says why (a Warning Event the first time), and
-    the reconciler looks again every BLOCKED_REQUEUE_SECONDS. The status names no Job."""
+    the reconciler looks again every BLOCKED_REQUEUE_SECONDS, or with `backoff` after as long
+    as it has been Blocked (policies/refusal.py). The status names no Job."""
     condition = cond.Condition(api.COND_BLOCKED, True, blocker.reason, blocker.message)
     conditions = step.conditions(status, condition)
     if conditions != status.conditions:
@@ -441,7 +451,11 @@ def _blocked(
     left = timer.remaining(
         parse_time(status.start_time), spec.active_deadline_seconds, step.obs.now
     )
-    requeue = BLOCKED_REQUEUE_SECONDS if left is None else min(BLOCKED_REQUEUE_SECONDS, left)
+    wait = BLOCKED_REQUEUE_SECONDS
+    if backoff:
+        since = (cond.find(conditions, api.COND_BLOCKED) or {}).get("lastTransitionTime")
+        wait = refusal.retry_after(parse_time(since), step.obs.now)
+    requeue = wait if left is None else min(wait, left)
     return Plan(
         status,
         events=tuple(events),

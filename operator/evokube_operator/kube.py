@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from evokube_operator import api
 from evokube_operator.ownership import NameConflict, is_owned_by
+from evokube_operator.policies.refusal import REFUSAL_CODES, Refusal
 
 FIELD_MANAGER = "evokube-operator"
 # kind -> (API prefix, plural) for every kind the operator touches.
@@ -47,11 +48,6 @@ class ApiError(Exception):
         self.status = status
         self.reason = reason
         self.message = message
-
-    @property
-    def invalid(self) -> bool:
-        """The object itself was refused (schema, admission): retrying will not help."""
-        return self.status in (400, 422)
 
 
 RequestCounter = Callable[[str, str, int], None]  # (verb, kind, status)
@@ -164,18 +160,17 @@ class Kube:
             content_type="application/apply-patch+yaml",
         )
 
-    def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+    def create(self, obj: Mapping[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        """POST `obj`; with `dry_run`, the API server admits it (quota, policies, webhooks)
+        without storing it."""
         meta = obj["metadata"]
+        query = {"fieldManager": FIELD_MANAGER, **({"dryRun": "All"} if dry_run else {})}
         return self.request(
-            "POST",
-            obj["kind"],
-            self._path(obj["kind"], meta["namespace"]),
-            body=obj,
-            query={"fieldManager": FIELD_MANAGER},
+            "POST", obj["kind"], self._path(obj["kind"], meta["namespace"]), body=obj, query=query
         )
 
     def create_owned(
-        self, obj: Mapping[str, Any], owner_uid: str, update: bool = True
+        self, obj: Mapping[str, Any], owner_uid: str, update: bool = True, dry_run: bool = False
     ) -> tuple[dict[str, Any], bool]:
         """Create `obj`, or take up the existing one only if `owner_uid` is its controller.
 
@@ -183,12 +178,26 @@ class Kube:
         raises NameConflict and is left untouched. One it does control is server-side
         applied with `update` (guarded by the resourceVersion read, so an object swapped
         in between is not written), else returned as it is (a Job's template is immutable).
-        Any kind of KINDS; the read happens only when the name is taken.
+        A refusal of the creation or the apply (policies/refusal.py) raises Refusal, naming
+        the object. `dry_run` only asks whether the creation would pass (nothing is written;
+        an object it would take up is returned as it is). Any kind of KINDS; the read happens
+        only when the name is taken.
         """
+        try:
+            return self._create_owned(obj, owner_uid, update and not dry_run, dry_run)
+        except ApiError as err:
+            if err.status not in REFUSAL_CODES:
+                raise
+            kind, name = obj["kind"], obj["metadata"]["name"]
+            raise Refusal(kind, name, err.status, err.message or str(err)) from err
+
+    def _create_owned(
+        self, obj: Mapping[str, Any], owner_uid: str, update: bool, dry_run: bool
+    ) -> tuple[dict[str, Any], bool]:
         kind, meta = obj["kind"], obj["metadata"]
         for _ in range(NAME_RACES):
             try:
-                return self.create(obj), True
+                return self.create(obj, dry_run), True
             except ApiError as err:
                 if err.status != 409:
                     raise
@@ -211,7 +220,7 @@ class Kube:
     ) -> list[NameConflict]:
         """`create_owned` each object, all at once; the name conflicts found, if any.
 
-        Any other error is raised."""
+        A refusal (Refusal) or any other error is raised."""
         futures = [self._pool.submit(self.create_owned, obj, owner_uid) for obj in objs]
         conflicts: list[NameConflict] = []
         for future in futures:

@@ -3,9 +3,11 @@
     observe ─► decide ⇄ read what its plan asks for (a Job the watch lost, the Job's
                         events, Kueue's word on it), until the plan asks for nothing
                ─► create the owned objects from the plan's spec (when needed; a name
-                  conflict or a checkpoint claim not opted in: decide again, Blocked)
+                  conflict, a checkpoint claim not opted in, a refusal by the API server:
+                  decide again, Blocked or Failed)
                ─► write status (one merge patch, resourceVersion-guarded)
-               ─► post Events ─► delete Jobs ─► create the Job ─► (TTL) delete
+               ─► post Events ─► delete Jobs ─► create the Job (a name conflict or a
+                  refusal: decide again, and write that) ─► (TTL) delete
 
 The experiment, its Jobs and its pods come from the operator's watch caches,
 so an experiment whose gang is simply running costs no API call at all. A
@@ -46,18 +48,21 @@ from evokube_operator.ownership import (
     Blocker,
     NameConflict,
     creation_waves,
-    is_owned_by,
     listing_blocker,
     name_conflict,
     opt_in_blocker,
 )
 from evokube_operator.policies import startup
+from evokube_operator.policies.refusal import Refusal
 from evokube_operator.spec import Experiment, ExperimentSpec
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, name)
 ACTIVE_PHASES = frozenset({api.PENDING, api.QUEUED, api.RUNNING, api.RESTARTING})
 MAX_CONFLICTS = 4
+# What keeps an attempt's Job from being created: a person must act (Blocker), or the API
+# server refused an object it needs (Refusal: final, or it may pass).
+Stop = Blocker | Refusal
 
 
 @dataclass
@@ -65,10 +70,7 @@ class _Memory:
     """What one operator process remembers about one experiment (lost on restart, by design)."""
 
     last_written: dict[str, Any] | None = None  # the object our last status write returned
-    rejected: tuple[str, str, str] | None = None  # (uid, job name, why the API refused it)
     statics: tuple[str, int] | None = None  # (uid, generation) last applied
-    # (uid, job name, why): creating that Job found a foreign one under its name.
-    job_conflict: tuple[str, str, Blocker] | None = None
     # (Job uid, when read, its FailedCreate events): read at most once a requeue interval.
     job_events: tuple[str, datetime, tuple[JobEvent, ...]] | None = None
     # (Job uid, when read, what Kueue said of its Workload): the same, while the Job is queued.
@@ -128,8 +130,8 @@ class Reconciler:
         memory = self._memory.setdefault(key, _Memory())
         body = self._freshest(key, body)
         fresh = False
-        job_conflict, memory.job_conflict = memory.job_conflict, None
-        blocked: Blocker | None = None
+        stop: Stop | None = None  # what keeps this attempt's Job from being created
+        before: Status | None = None  # the status before this reconcile's first write
         for _ in range(MAX_CONFLICTS):
             exp = Experiment.from_body(body)
             old = Status.from_dict(exp.status)
@@ -138,9 +140,9 @@ class Reconciler:
                 jobs,
                 pods,
                 self.clock(),
-                self._rejection(exp, old, memory),
-                fresh,
-                blocked or self._job_conflict(exp, old, job_conflict),
+                refused=stop if isinstance(stop, Refusal) else None,
+                fresh=fresh,
+                blocked=stop if isinstance(stop, Blocker) else None,
             )
             plan = decide(observation, self.timeouts, self.default_checkpoints)
             done: set[Read] = set()
@@ -154,10 +156,10 @@ class Reconciler:
                 if body is None:
                     return Outcome(None)
                 continue
-            if blocked is None:
-                blocked = self._prepare(exp, plan, patch, old, memory)
-                if blocked is not None:
-                    continue  # decide again: Blocked
+            if stop is None:
+                stop = self._prepare(exp, plan, patch, old, memory)
+                if stop is not None:
+                    continue  # decide again: Blocked, or Failed
             if patch:
                 try:
                     body = self.kube.patch_status(
@@ -175,7 +177,18 @@ class Reconciler:
                         return Outcome(None)
                     raise
                 memory.last_written = body
-            return self._act(exp, body, plan, old, memory, jobs)
+                before = before or old
+            stopped = self._act(exp, body, plan, jobs)
+            if stopped is not None:
+                stop, fresh = stopped, True  # `body` is the API server's answer to our write
+                continue  # decide again, and write that
+            before = before or old
+            return Outcome(
+                phase=plan.status.phase,
+                requeue_after=plan.requeue_after,
+                restarts=plan.status.restarts - before.restarts,
+                preemptions=plan.status.preemptions - before.preemptions,
+            )
         raise ApiError(409, f"the status of {key[0]}/{key[1]} kept changing; will retry")
 
     # -- steps -------------------------------------------------------------------------------
@@ -252,29 +265,16 @@ class Reconciler:
         setattr(memory, slot, (uid, now, value))
         return value
 
-    @staticmethod
-    def _rejection(exp: Experiment, status: Status, memory: _Memory) -> str | None:
-        if memory.rejected is None:
-            return None
-        uid, job, why = memory.rejected
-        return why if (uid, job) == (exp.uid, builders.job_name(exp.name, status.attempt)) else None
-
-    @staticmethod
-    def _job_conflict(exp: Experiment, status: Status, found) -> Blocker | None:
-        if found is None:
-            return None
-        uid, job, why = found
-        return why if (uid, job) == (exp.uid, builders.job_name(exp.name, status.attempt)) else None
-
     def _prepare(
         self, exp: Experiment, plan: Plan, patch: dict, old: Status, memory: _Memory
-    ) -> Blocker | None:
+    ) -> Stop | None:
         """Before the status write: what keeps the plan's Job from being created, if anything.
 
         What the pods would use of the namespace must have opted in (_references_blocker);
         the owned objects are created (or, ours already, applied) once per generation and
-        process; while Blocked, the Job's own name is looked at too. Only the first two cost
-        calls on a plain launch.
+        process; while Blocked, the Job's creation is tried in a dry run too (its name may be
+        taken, the API server may refuse it again), so that nothing is written while the
+        cause stays. Only the first two cost calls on a plain launch.
         """
         spec = plan.spec
         if exp.deleting or spec is None or plan.status.phase not in ACTIVE_PHASES:
@@ -286,15 +286,19 @@ class Reconciler:
                 return blocker
         conflicts: list[NameConflict] = []
         fresh_generation = memory.statics != (exp.uid, exp.generation)
-        if fresh_generation and (creating or "observedGeneration" in patch):
-            for wave in creation_waves(builders.static_objects(exp, spec, self.network)):
-                conflicts = self.kube.create_owned_all(wave, exp.uid)
-                if conflicts:
-                    break
-            else:
-                memory.statics = (exp.uid, exp.generation)
-        if creating and cond.is_true(old.conditions, api.COND_BLOCKED):
-            conflicts += self._job_name_taken(exp, builders.job_name(exp.name, plan.create_job))
+        try:
+            if fresh_generation and (creating or "observedGeneration" in patch):
+                for wave in creation_waves(builders.static_objects(exp, spec, self.network)):
+                    conflicts = self.kube.create_owned_all(wave, exp.uid)
+                    if conflicts:
+                        break
+                else:
+                    memory.statics = (exp.uid, exp.generation)
+            if creating and cond.is_true(old.conditions, api.COND_BLOCKED):
+                conflicts += self._try_job(exp, plan)
+        except Refusal as refused:
+            log.warning("%s/%s: %s", exp.namespace, exp.name, refused.message)
+            return refused if creating else None  # a running gang goes on
         blocker = name_conflict(conflicts)
         if blocker is not None:
             log.warning("%s/%s: %s", exp.namespace, exp.name, blocker.message)
@@ -338,36 +342,33 @@ class Reconciler:
                 return None
             raise
 
-    def _job_name_taken(self, exp: Experiment, name: str) -> list[NameConflict]:
-        """A Job under `name` that this experiment does not control (one we do: adopted)."""
+    def _try_job(self, exp: Experiment, plan: Plan) -> list[NameConflict]:
+        """The plan's Job created in a dry run: a Job under its name that this experiment does
+        not control (one it does: adopted), if any; a refusal is raised."""
         try:
-            found = self.kube.get("Job", exp.namespace, name)
-        except ApiError as err:
-            if err.status == 404:
-                return []
-            raise
-        return [] if is_owned_by(found, exp.uid) else [NameConflict("Job", name)]
+            self.kube.create_owned(self._job(exp, plan), exp.uid, update=False, dry_run=True)
+        except NameConflict as conflict:
+            return [conflict]
+        return []
+
+    @staticmethod
+    def _job(exp: Experiment, plan: Plan) -> dict[str, Any]:
+        assert plan.spec is not None and plan.create_job is not None, "decide plans no Job"
+        return builders.job(exp, plan.spec, plan.create_job, plan.job_deadline)
 
     def _act(
-        self,
-        exp: Experiment,
-        body: dict[str, Any],
-        plan: Plan,
-        old: Status,
-        memory: _Memory,
-        jobs: tuple[JobView, ...],
-    ) -> Outcome:
+        self, exp: Experiment, body: dict[str, Any], plan: Plan, jobs: tuple[JobView, ...]
+    ) -> Stop | None:
+        """After the status write: Events, Job deletions, the Job, the TTL's deletion. What
+        kept the Job from being created, if anything (the reconcile decides again)."""
         for event in plan.events:
             self._event(body, event.type, event.reason, event.message)
         owned = {j.name: j.uid for j in jobs if j.owner_uid == exp.uid and not j.deleting}
         for name in plan.delete_jobs:  # decide names only Jobs it saw this experiment own
             if self.kube.delete("Job", exp.namespace, name, uid=owned[name]):
                 log.info("%s/%s: deleted Job %s", exp.namespace, exp.name, name)
-        requeue = plan.requeue_after
         if plan.create_job is not None:
-            spec = plan.spec
-            assert spec is not None, "decide plans a Job only from a parsed spec"
-            job = builders.job(exp, spec, plan.create_job, plan.job_deadline)
+            job = self._job(exp, plan)
             name = job["metadata"]["name"]
             try:
                 _, created = self.kube.create_owned(job, exp.uid, update=False)
@@ -375,29 +376,19 @@ class Reconciler:
                 blocker = name_conflict([conflict])
                 assert blocker is not None
                 log.warning("%s/%s: blocked: %s", exp.namespace, exp.name, blocker.message)
-                memory.job_conflict = (exp.uid, name, blocker)
-                requeue = 0.0
-            except ApiError as err:
-                if not err.invalid:
-                    raise
-                log.warning("%s/%s: Job %s refused: %s", exp.namespace, exp.name, name, err)
-                memory.rejected = (exp.uid, name, err.message or str(err))
-                requeue = 0.0
-            else:
-                if created:
-                    hosts = spec.accelerator.hosts
-                    message = f"created Job {name}: {hosts} hosts, attempt {plan.create_job}"
-                    log.info("%s/%s: %s", exp.namespace, exp.name, message)
-                    self._event(body, "Normal", api.REASON_JOB_CREATED, message)
+                return blocker
+            except Refusal as refused:
+                log.warning("%s/%s: %s", exp.namespace, exp.name, refused.message)
+                return refused
+            if created:
+                hosts = job["spec"]["parallelism"]
+                message = f"created Job {name}: {hosts} hosts, attempt {plan.create_job}"
+                log.info("%s/%s: %s", exp.namespace, exp.name, message)
+                self._event(body, "Normal", api.REASON_JOB_CREATED, message)
         if plan.delete_experiment:
             self.kube.delete(api.KIND, exp.namespace, exp.name, uid=exp.uid)
             log.info("%s/%s: deleted after its TTL", exp.namespace, exp.name)
-        return Outcome(
-            phase=plan.status.phase,
-            requeue_after=requeue,
-            restarts=plan.status.restarts - old.restarts,
-            preemptions=plan.status.preemptions - old.preemptions,
-        )
+        return None
 
     def _event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         try:

@@ -1,4 +1,4 @@
-"""Small helpers shared by the builders, placement and the Kopf handlers."""
+"""Small helpers shared by the builders, placement, the policies and the Kopf handlers."""
 
 from __future__ import annotations
 
@@ -13,3 +13,12 @@ def plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [plain(v) for v in value]
     return value
+
+
+# The longest message of a condition or an Event the operator writes from someone else's words
+# (an API server's, a kubelet's, a scheduler's).
+MESSAGE_LIMIT = 512
+
+
+def clip(message: str) -> str:
+    return message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 3] + "..."

@@ -22,13 +22,14 @@ from evokube_operator.decide import (
 )
 from evokube_operator.observe import PodView, QueueView
 from evokube_operator.ownership import Blocker, location_blocker
+from evokube_operator.policies.refusal import RETRY_MAX_SECONDS, RETRY_MIN_SECONDS, Refusal
 from evokube_operator.spec import Experiment, format_time
 from tests.operator.factories import NOW, TPU, body, gang, job, pod, running_status
 
 
-def observe(status=None, jobs=(), pods=(), now=NOW, rejected=None, fresh=False, **spec):
+def observe(status=None, jobs=(), pods=(), now=NOW, refused=None, fresh=False, **spec):
     exp = Experiment.from_body(body(status=status, **spec))
-    return Observation(exp, tuple(jobs), tuple(pods), now, rejected, fresh)
+    return Observation(exp, tuple(jobs), tuple(pods), now, refused, fresh)
 
 
 def settle(obs, plan):
@@ -367,12 +368,98 @@ def test_jobs_of_a_deleted_namesake_are_ignored():
     assert plan.delete_jobs == ()
 
 
-def test_a_refused_job_fails_the_experiment_with_the_api_servers_words():
-    plan = decide(observe(running_status(phase=api.PENDING), rejected="spec.template: bad"))
-    assert plan.status.phase == api.FAILED
-    failed = find(plan.status.conditions, api.COND_FAILED)
-    assert failed["reason"] == api.REASON_INVALID_SPEC
-    assert "spec.template: bad" in failed["message"]
+# -- the API server refuses an object the experiment needs -------------------------------------
+QUOTA = 'jobs.batch "demo-0" is forbidden: exceeded quota: q, requested: count/jobs.batch=1'
+POLICY = (
+    "jobs.batch \"demo-0\" is forbidden: ValidatingAdmissionPolicy 'p' with binding 'b' "
+    "denied request: no jobs here"
+)
+PORTS = 'Service "demo" is invalid: spec.ports[1]: Duplicate value: {"port":9100}'
+
+
+@pytest.mark.parametrize(
+    ("refusal", "said"),
+    [
+        (Refusal("Job", "demo-0", 422, "spec.template: bad"), "Job demo-0: spec.template: bad"),
+        (Refusal("Service", "demo", 422, PORTS), f"Service demo: {PORTS}"),
+        (Refusal("Job", "demo-0", 403, POLICY), "denied request: no jobs here"),
+        (Refusal("Role", "demo-trainer", 400, "bad request"), "Role demo-trainer: bad request"),
+        (Refusal("Job", "demo-0", 413, "too large"), "Job demo-0: too large"),
+    ],
+    ids=["invalid job", "invalid service", "admission policy", "bad request", "too large"],
+)
+def test_an_object_refused_for_good_fails_the_experiment_naming_it_and_the_api_servers_words(
+    refusal, said
+):
+    for status in (None, running_status(phase=api.PENDING)):
+        plan = decide(observe(status, refused=refusal))
+        assert plan.status.phase == api.FAILED
+        assert plan.create_job is None
+        failed = find(plan.status.conditions, api.COND_FAILED)
+        assert (failed["status"], failed["reason"]) == ("True", api.REASON_CREATION_REFUSED)
+        assert said in failed["message"]
+        assert ("Warning", api.REASON_CREATION_REFUSED) in [(e.type, e.reason) for e in plan.events]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        QUOTA,
+        'jobs.batch is forbidden: User "system:serviceaccount:evokube-system:evokube-operator" '
+        'cannot create resource "jobs" in API group "batch" in the namespace "ns"',
+        'Internal error occurred: failed calling webhook "w.example.com": connection refused',
+    ],
+    ids=["quota", "rbac", "webhook down"],
+)
+def test_a_refusal_that_may_pass_blocks_and_is_tried_again_less_and_less_often(message):
+    refused = Refusal("Job", "demo-0", 403, message)
+    plan = decide(observe(refused=refused))
+    assert plan.status.phase == api.PENDING
+    assert plan.create_job is None and plan.status.job_name is None
+    blocked = find(plan.status.conditions, api.COND_BLOCKED)
+    assert (blocked["status"], blocked["reason"]) == ("True", api.REASON_CREATION_FAILING)
+    assert blocked["message"] == f"the API server refused Job demo-0: {message}"
+    assert [
+        (e.type, e.reason) for e in plan.events if e.reason != api.REASON_EMPTYDIR_CHECKPOINTS
+    ] == [("Warning", api.REASON_CREATION_FAILING)]
+    assert plan.requeue_after == RETRY_MIN_SECONDS
+    # Refused again later: nothing written, nobody told twice, and a longer wait each time.
+    waits = []
+    obs = settle(observe(refused=refused), plan)
+    for minutes in (1, 2, 4, 60):
+        again = decide(replace(obs, now=NOW + timedelta(minutes=minutes)))
+        assert again.status.patch_from(Status.from_dict(obs.experiment.status)) == {}
+        assert again.events == ()
+        waits.append(again.requeue_after)
+    assert waits == [60, 120, 240, RETRY_MAX_SECONDS]
+    # The quota raised: the Job is created, and Blocked turns False.
+    free = decide(replace(obs, refused=None, now=NOW + timedelta(minutes=5)))
+    assert free.create_job == 0 and free.status.job_name == "demo-0"
+    unblocked = find(free.status.conditions, api.COND_BLOCKED)
+    assert (unblocked["status"], unblocked["reason"]) == ("False", api.REASON_UNBLOCKED)
+
+
+def test_a_refusal_while_restarting_keeps_the_restart_and_its_count():
+    failed = [pod(0, "Failed", exit_code=75, job_uid="job-uid-0")]
+    restart = decide(observe(running_status(), [job(0)], failed))
+    assert (restart.status.phase, restart.status.restarts, restart.create_job) == (
+        api.RESTARTING,
+        1,
+        1,
+    )
+    written = settle(observe(running_status(), [job(0)], failed), restart)
+    refused = Refusal("Job", "demo-1", 403, QUOTA)
+    plan = decide(replace(written, jobs=(), refused=refused))  # its Job was not created
+    assert (plan.status.phase, plan.status.restarts, plan.create_job) == (api.RESTARTING, 1, None)
+    assert find(plan.status.conditions, api.COND_BLOCKED)["reason"] == api.REASON_CREATION_FAILING
+
+
+def test_a_deadline_sooner_than_the_retry_comes_first():
+    status = {"startTime": format_time(NOW - timedelta(seconds=98))}
+    plan = decide(
+        observe(status, refused=Refusal("Job", "demo-0", 403, QUOTA), activeDeadlineSeconds=100)
+    )
+    assert plan.requeue_after == 2
 
 
 # -- Kueue: a queued Job, its admission, its eviction --------------------------------------------

@@ -21,6 +21,7 @@ from evokube_operator.observe import JobEvent, PodView
 from evokube_operator.policies import startup
 from evokube_operator.reconcile import Reconciler
 from evokube_operator.spec import Experiment
+from evokube_operator.util import MESSAGE_LIMIT
 from tests.operator.factories import NOW, body, job, pod
 from tests.operator.test_reconcile import KEY, FakeKube
 
@@ -130,7 +131,7 @@ def test_diagnose(events, pods, verdict, reason):
 def test_the_message_names_the_host_and_quotes_the_cause_clipped():
     problem = startup.diagnose([], [unschedulable(1, 900, "x" * 2000)], NOW, TIMEOUTS).problem
     assert problem.message.startswith("host 1 (pod demo-0-1-abcde) cannot be scheduled: xxx")
-    assert len(problem.message) == startup.MESSAGE_LIMIT and problem.message.endswith("...")
+    assert len(problem.message) == MESSAGE_LIMIT and problem.message.endswith("...")
     problem = startup.diagnose([created(PRIORITY)], [], NOW, TIMEOUTS).problem
     assert problem.message == f"the trainer pods cannot be created: {PRIORITY}"
 

@@ -10,6 +10,7 @@ from evokube_operator.conditions import find
 from evokube_operator.decide import BLOCKED_REQUEUE_SECONDS
 from evokube_operator.kube import ApiError
 from evokube_operator.ownership import NameConflict, is_owned_by
+from evokube_operator.policies.refusal import RETRY_MIN_SECONDS, Refusal
 from evokube_operator.reconcile import Reconciler
 from tests.operator.factories import NOW, body, gang, job, pod, running_status
 
@@ -20,14 +21,15 @@ class FakeKube:
     """Just enough of the API server: one experiment, objects by (kind, name), a call log.
 
     create_owned follows kube.Kube's contract (tested on the real API server in
-    test_ownership.py): create; a taken name is ours to update only if we control it.
+    test_ownership.py and test_refusals.py): create (or, in a dry run, only ask); a taken name
+    is ours to update only if we control it; what the API server refuses raises Refusal.
     """
 
     def __init__(self, experiment: dict):
         self.experiment = copy.deepcopy(experiment)
         self.objects: dict[tuple[str, str], dict] = {}
         self.calls: list[tuple[str, str]] = []
-        self.refuse_jobs: str | None = None
+        self.refuse: dict[str, tuple[int, str]] = {}  # kind -> (HTTP code, the API's message)
         self.deleted: list[tuple[str, str | None]] = []  # (name, uid precondition)
 
     def _bump(self):
@@ -47,18 +49,19 @@ class FakeKube:
             raise ApiError(404, f"{kind} {name} not found", "NotFound")
         return copy.deepcopy(self.objects[kind, name])
 
-    def create_owned(self, obj, owner_uid, update=True):
+    def create_owned(self, obj, owner_uid, update=True, dry_run=False):
         kind, name = obj["kind"], obj["metadata"]["name"]
-        self.calls.append(("create", kind))
-        if self.refuse_jobs and kind == "Job":
-            raise ApiError(422, self.refuse_jobs, "Invalid")
+        self.calls.append(("dry-run" if dry_run else "create", kind))
+        if kind in self.refuse:
+            raise Refusal(kind, name, *self.refuse[kind])
         existing = self.objects.get((kind, name))
         if existing is None:
-            self.objects[kind, name] = obj
+            if not dry_run:
+                self.objects[kind, name] = obj
             return obj, True
         if not is_owned_by(existing, owner_uid):
             raise NameConflict(kind, name)
-        if update:
+        if update and not dry_run:
             self.calls.append(("apply", kind))
             self.objects[kind, name] = obj
         return existing, False
@@ -216,17 +219,73 @@ def test_the_reconciler_prefers_its_own_newer_write_to_the_cache():
     assert kube.calls == []
 
 
-def test_a_refused_job_fails_the_experiment_on_the_next_pass():
-    kube = FakeKube(body(affinity={"nodeAffinity": "yes"}))
-    kube.refuse_jobs = "spec.template.spec.affinity.nodeAffinity: Invalid value"
-    rec = reconciler(kube)
-    outcome = rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
-    assert outcome.requeue_after == 0
-    outcome = rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
+INVALID_JOB = (422, 'Job.batch "demo-0" is invalid: spec.template.spec.affinity: Invalid value')
+INVALID_SERVICE = (422, 'Service "demo" is invalid: spec.ports[1]: Duplicate value')
+DENIED = (403, "jobs.batch \"demo-0\" is forbidden: ValidatingAdmissionPolicy 'p' denied request")
+NO_JOBS = (
+    403,
+    'jobs.batch "demo-0" is forbidden: exceeded quota: q, requested: count/jobs.batch=1',
+)
+NO_SERVICES = (403, 'services "demo" is forbidden: exceeded quota: q, requested: services=1')
+
+
+@pytest.mark.parametrize(
+    ("kind", "refusal"),
+    [("Job", INVALID_JOB), ("Service", INVALID_SERVICE), ("Job", DENIED)],
+    ids=["invalid job", "invalid service", "denied job"],
+)
+def test_an_object_refused_for_good_fails_the_experiment_within_one_reconcile(kind, refusal):
+    kube = FakeKube(body())
+    kube.refuse[kind] = refusal
+    outcome = reconciler(kube).reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
     assert outcome.phase == api.FAILED
-    failed = next(c for c in kube.experiment["status"]["conditions"] if c["type"] == "Failed")
-    assert failed["reason"] == api.REASON_INVALID_SPEC
-    assert "affinity.nodeAffinity" in failed["message"]
+    status = kube.experiment["status"]
+    failed = find(status["conditions"], api.COND_FAILED)
+    assert failed["reason"] == api.REASON_CREATION_REFUSED
+    name = "demo-0" if kind == "Job" else "demo"
+    assert failed["message"] == f"the API server refused {kind} {name}: {refusal[1]}"
+    assert ("event", api.REASON_CREATION_REFUSED) in kube.calls
+    assert ("Job", "demo-0") not in kube.objects
+
+
+@pytest.mark.parametrize(("kind", "refusal"), [("Job", NO_JOBS), ("Service", NO_SERVICES)])
+def test_a_quota_blocks_within_one_reconcile_and_is_tried_again_without_a_storm(kind, refusal):
+    kube = FakeKube(body())
+    kube.refuse[kind] = refusal
+    clock = [NOW]
+    rec = Reconciler(kube, clock=lambda: clock[0])
+    outcome = rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
+    assert (outcome.phase, outcome.requeue_after) == (api.PENDING, RETRY_MIN_SECONDS)
+    blocked = blocked_condition(kube)
+    assert (blocked["status"], blocked["reason"]) == ("True", api.REASON_CREATION_FAILING)
+    assert refusal[1] in blocked["message"]
+    assert "jobName" not in kube.experiment["status"]
+    assert [c for c in kube.calls if c[0] == "event"][-1] == ("event", api.REASON_CREATION_FAILING)
+    # Still refused: one try (a dry run of the Job), nothing written, nobody told twice.
+    for seconds in (5, 10, 20):
+        clock[0] = NOW + timedelta(seconds=seconds)
+        kube.calls.clear()
+        outcome = rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
+        assert [c for c in kube.calls if c[1] == kind] == [
+            ("dry-run" if kind == "Job" else "create", kind)
+        ]
+        assert not [c for c in kube.calls if c[0] in ("patch_status", "event")]
+        assert outcome.requeue_after == seconds  # as long as it has been Blocked
+    # The quota raised: the Job is created and Blocked turns False.
+    del kube.refuse[kind]
+    rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
+    assert ("Job", "demo-0") in kube.objects
+    blocked = blocked_condition(kube)
+    assert (blocked["status"], blocked["reason"]) == ("False", api.REASON_UNBLOCKED)
+    assert kube.experiment["status"]["jobName"] == "demo-0"
+
+
+def test_a_refused_static_object_does_not_stop_a_running_gang():
+    kube = FakeKube(body(status=running_status(), generation=2))  # an edited spec
+    kube.refuse["Service"] = INVALID_SERVICE
+    outcome = reconciler(kube).reconcile(KEY, copy.deepcopy(kube.experiment), (job(0),), gang(1))
+    assert outcome.phase == api.RUNNING
+    assert kube.experiment["status"]["observedGeneration"] == 2
 
 
 def test_an_expired_experiment_is_deleted():
@@ -317,17 +376,16 @@ def test_a_foreign_job_under_the_attempts_name_is_never_adopted():
     kube.objects["Job", "demo-0"] = taken = foreign("Job", "demo-0")
     rec = reconciler(kube)
     outcome = rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
-    assert outcome.requeue_after == 0  # found at creation: say so at once
-    rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
+    assert outcome.requeue_after == BLOCKED_REQUEUE_SECONDS  # found at creation: said at once
     status = kube.experiment["status"]
     assert "jobName" not in status and "coordinatorAddress" not in status
     assert blocked_condition(kube)["reason"] == api.REASON_NAME_CONFLICT
     assert "Job/demo-0" in blocked_condition(kube)["message"]
-    # Looking again: the Job's name is checked before any write, so nothing flaps.
+    # Looking again: the Job is tried in a dry run before any write, so nothing flaps.
     kube.calls.clear()
     outcome = rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
     assert ("patch_status", api.KIND) not in kube.calls
-    assert ("create", "Job") not in kube.calls
+    assert ("create", "Job") not in kube.calls and ("dry-run", "Job") in kube.calls
     assert outcome.requeue_after == BLOCKED_REQUEUE_SECONDS
     assert kube.objects["Job", "demo-0"] is taken
     assert kube.deleted == []

@@ -149,7 +149,12 @@ def test_evokube_run_gives_its_processes_what_a_pod_gets(tmp_path):
     ("env", "message"),
     [
         ({}, "EVOKUBE_MANIFEST is not set"),
-        ({"EVOKUBE_MANIFEST": "m", "EVOKUBE_METRICS_PORT": "http"}, "http"),
+        ({"EVOKUBE_MANIFEST": "m", "EVOKUBE_METRICS_PORT": "http"}, "EVOKUBE_METRICS_PORT='http'"),
+        ({"EVOKUBE_MANIFEST": "m", "EVOKUBE_METRICS_PORT": "70000"}, r"is not a port \(0 to 65535"),
+        ({"EVOKUBE_MANIFEST": "m", "EVOKUBE_METRICS_PORT": "-1"}, "is not a port"),
+        ({"EVOKUBE_MANIFEST": "m", "EVOKUBE_CHECKPOINT_DIR": "ftp://host/x"}, "gs:// or s3://"),
+        ({"EVOKUBE_MANIFEST": "m", "EVOKUBE_CHECKPOINT_DIR": "s3://"}, "naming a bucket"),
+        ({"EVOKUBE_MANIFEST": "m", "EVOKUBE_CHECKPOINT_DIR": "ckpt"}, "an absolute path"),
         (
             {"EVOKUBE_MANIFEST": "m", "JAX_COORDINATOR_ADDRESS": "h:1", "JAX_PROCESS_ID": "2"},
             "outside",

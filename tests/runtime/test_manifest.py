@@ -170,6 +170,15 @@ def test_special_files_are_not_read():
     assert run.returncode == exitcodes.PERMANENT and "not a regular file" in run.stderr
 
 
+def test_a_named_pipe_is_refused_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "experiment.yaml"
+    os.mkfifo(fifo)
+    run = subprocess.run(
+        [EVOKUBE, "validate", str(fifo)], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == exitcodes.PERMANENT and "not a regular file" in run.stderr
+
+
 def test_timestamps_stay_strings_as_kubectl_sends_them():
     # YAML 1.1 reads 2020-01-01 as a date; kubectl (JSON) sends the string, which is a valid label.
     doc = with_changes({"spec.podLabels": {"release": "2020-01-01"}})
@@ -272,11 +281,44 @@ def test_the_trainer_exits_78_on_a_manifest_the_crd_refuses(tmp_path):
     assert "spec.algorithm.ec.numElites" in run.stderr
 
 
-def test_the_trainer_exits_78_on_an_unwritable_checkpoint_directory(tmp_path):
-    # /sys refuses new directories even to root (EPERM or EROFS), as a read-only volume would.
-    run = _train(tmp_path, {}, EVOKUBE_CHECKPOINT_DIR="/sys/evokube-test-checkpoints")
+def _one_permanent_line(run: subprocess.CompletedProcess) -> str:
+    """The trainer exited 78 and said why in one line, with no traceback."""
     assert run.returncode == exitcodes.PERMANENT, run.stderr[-2000:]
-    assert "spec.checkpoint.location: cannot write to /sys/evokube-test-checkpoints" in run.stderr
+    assert "Traceback" not in run.stderr, run.stderr[-2000:]
+    lines = [line for line in run.stderr.splitlines() if "permanent failure" in line]
+    assert len(lines) == 1, run.stderr[-2000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("location", "said"),
+    [
+        # /sys refuses new directories even to root (EPERM or EROFS), as a read-only volume would.
+        ("/sys/evokube-test-checkpoints", "cannot write to /sys/evokube-test-checkpoints: "),
+        ("{file}", "cannot write to {file}: a file is in the way"),
+        ("{file}/checkpoints", "cannot write to {file}/checkpoints: a file is in the way"),
+    ],
+    ids=["read-only", "a file", "under a file"],
+)
+def test_the_trainer_exits_78_on_an_unwritable_checkpoint_directory(tmp_path, location, said):
+    file = tmp_path / "a-file"
+    file.write_text("")
+    location, said = location.format(file=file), said.format(file=file)
+    line = _one_permanent_line(_train(tmp_path, {}, EVOKUBE_CHECKPOINT_DIR=location))
+    assert f"spec.checkpoint.location: {said}" in line
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"EVOKUBE_METRICS_PORT": "70000"}, "EVOKUBE_METRICS_PORT='70000' is not a port"),
+        ({"EVOKUBE_METRICS_PORT": "ninety"}, "EVOKUBE_METRICS_PORT='ninety' is not a port"),
+        ({"EVOKUBE_CHECKPOINT_DIR": "ftp://host/ckpt"}, "EVOKUBE_CHECKPOINT_DIR='ftp://host/ckpt'"),
+    ],
+    ids=["port out of range", "port not a number", "not a bucket URL"],
+)
+def test_the_trainer_exits_78_on_an_environment_it_cannot_use(tmp_path, env, said):
+    assert said in _one_permanent_line(_train(tmp_path, {}, **env))
 
 
 @pytest.mark.parametrize(

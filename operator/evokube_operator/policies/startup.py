@@ -7,9 +7,8 @@ the scheduler sets the condition PodScheduled=False.
 
 | observed | verdict |
 |---|---|
-| FailedCreate: a ResourceQuota, ServiceAccount not found, webhook unreachable | Blocked |
-| FailedCreate: PodSecurity, no such PriorityClass, invalid, forbidden, denied | Failed |
-| FailedCreate: anything else | Blocked |
+| FailedCreate: refused for good (PodSecurity, a policy said no: policies/refusal.py) | Failed |
+| FailedCreate: may pass (a ResourceQuota, a ServiceAccount not found yet, ...) | Blocked |
 | trainer waiting: InvalidImageName | Failed |
 | trainer waiting: ErrImagePull, ImagePullBackOff, ErrImageNeverPull | Blocked, then Failed |
 | trainer waiting: CreateContainerConfigError, CreateContainerError | Blocked |
@@ -34,22 +33,10 @@ from datetime import datetime
 
 from evokube_operator import api
 from evokube_operator.observe import JobEvent, PodView
+from evokube_operator.policies import refusal
+from evokube_operator.util import clip
 
 FAILED_CREATE = "FailedCreate"  # the Job controller's event when a pod is refused
-MESSAGE_LIMIT = 512
-
-# The first pattern found in a FailedCreate message decides (case-sensitive, as the API
-# server writes them); True: refused for good. No pattern: may pass.
-CREATE_REFUSALS: tuple[tuple[str, bool], ...] = (
-    ("quota", False),  # exceeded (other pods may end), or a new quota not counted yet
-    ("error looking up service account", False),  # created a moment after the Job
-    ("failed calling webhook", False),  # a webhook that does not answer (yet)
-    ("violates PodSecurity", True),
-    ("no PriorityClass with name", True),
-    ("denied", True),  # an admission webhook or a ValidatingAdmissionPolicy said no
-    ("is invalid", True),
-    ("is forbidden", True),
-)
 IMAGE_PULL_WAITS = frozenset({"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull"})
 CONFIG_WAITS = frozenset({"CreateContainerConfigError", "CreateContainerError"})
 
@@ -107,9 +94,9 @@ def _refused_creation(events: Sequence[JobEvent]) -> Problem | None:
     if not failed:
         return None
     latest = max(failed, key=lambda e: (e.last_seen is not None, e.last_seen))
-    final = next((final for text, final in CREATE_REFUSALS if text in latest.message), False)
+    final = refusal.final(latest.message)
     reason = api.REASON_POD_CREATION_REFUSED if final else api.REASON_POD_CREATION_FAILING
-    return Problem(final, reason, _clip(f"the trainer pods cannot be created: {latest.message}"))
+    return Problem(final, reason, clip(f"the trainer pods cannot be created: {latest.message}"))
 
 
 def _pod_problem(
@@ -118,28 +105,24 @@ def _pod_problem(
     """(what is wrong with this pod, seconds until its timeout runs out)."""
     detail = f"{pod.host}: {pod.waiting_message or pod.waiting_reason}"
     if pod.waiting_reason == "InvalidImageName":
-        return Problem(True, api.REASON_INVALID_IMAGE, _clip(detail)), None
+        return Problem(True, api.REASON_INVALID_IMAGE, clip(detail)), None
     if pod.waiting_reason in IMAGE_PULL_WAITS:
         left = _left(pod.started_at, timeouts.image_pull, now)
         if left is not None and left <= 0:
             message = f"{detail} (no image after {timeouts.image_pull:g}s)"
-            return Problem(True, api.REASON_IMAGE_PULL_BACKOFF, _clip(message)), None
-        return Problem(False, api.REASON_IMAGE_PULL_BACKOFF, _clip(detail)), left
+            return Problem(True, api.REASON_IMAGE_PULL_BACKOFF, clip(message)), None
+        return Problem(False, api.REASON_IMAGE_PULL_BACKOFF, clip(detail)), left
     if pod.waiting_reason in CONFIG_WAITS:
-        return Problem(False, api.REASON_CONTAINER_CONFIG_ERROR, _clip(detail)), None
+        return Problem(False, api.REASON_CONTAINER_CONFIG_ERROR, clip(detail)), None
     if pod.unschedulable_since is not None:
         left = _left(pod.unschedulable_since, timeouts.unschedulable, now)
         if left is not None and left > 0:
             return None, left
         message = f"{pod.host} cannot be scheduled: {pod.unschedulable_message}"
-        return Problem(False, api.REASON_UNSCHEDULABLE, _clip(message)), None
+        return Problem(False, api.REASON_UNSCHEDULABLE, clip(message)), None
     return None, None
 
 
 def _left(since: datetime | None, timeout: float, now: datetime) -> float | None:
     """Seconds left of `timeout` counted from `since` (None when `since` is not known)."""
     return None if since is None else timeout - (now - since).total_seconds()
-
-
-def _clip(message: str) -> str:
-    return message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 3] + "..."

@@ -139,6 +139,14 @@ def evaluate(args: argparse.Namespace) -> int:
 
 def render(args: argparse.Namespace) -> int:
     from evokube_trainer.policies import render_policy
+    from evokube_trainer.runtime import folders
+
+    if "://" not in args.output:  # render_policy refuses URLs itself
+        try:
+            folders.prepare_file(args.output)  # before the episode is played, not after
+        except OSError as err:
+            print(f"error: {folders.describe(args.output, err)}", file=sys.stderr)
+            return exitcodes.PERMANENT
 
     def play(artifact) -> str:
         path = render_policy(artifact, args.output, args.seed)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from evokube_contract import GROUP, HISTORY_FILE, PLURAL, VERSION
+from evokube_trainer.runtime import folders
 
 # The curves drawn, from the metrics of each generation.
 CURVES = (
@@ -170,4 +171,8 @@ def draw(target: str, output: Path | None = None, namespace: str | None = None) 
     if not rows:
         raise CurveError(f"no history yet: {target}'s history.jsonl is empty")
     png = output or Path(f"{title}-learning-curve.png")
+    try:
+        folders.prepare_file(png)
+    except OSError as err:
+        raise CurveError(folders.describe(png, err)) from err
     return plot_learning_curve(rows, title, png), len(rows)

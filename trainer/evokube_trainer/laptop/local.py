@@ -29,7 +29,7 @@ import yaml
 
 import evokube_contract as contract
 from evokube_trainer.laptop.curves import plot_learning_curve, read_history
-from evokube_trainer.runtime import exitcodes
+from evokube_trainer.runtime import exitcodes, folders
 from evokube_trainer.runtime.objectstore import is_url
 
 # After SIGTERM, how long processes get to checkpoint before SIGKILL, unless the spec's
@@ -192,8 +192,14 @@ def run_locally(
     """Run a validated manifest with `processes` local processes; returns the exit code."""
     name = manifest["metadata"]["name"]
     run_dir = (runs_root / name).resolve()
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (run_dir / contract.MANIFEST_FILE).write_text(yaml.safe_dump(dict(manifest), sort_keys=False))
+    try:
+        folders.prepare(run_dir / "logs")
+        (run_dir / contract.MANIFEST_FILE).write_text(
+            yaml.safe_dump(dict(manifest), sort_keys=False)
+        )
+    except OSError as err:
+        print(f"error: --runs-dir {runs_root}: {folders.describe(run_dir, err)}", file=sys.stderr)
+        return exitcodes.PERMANENT
     spec = manifest["spec"]
     coordinator = _free_port()
     metrics_ports = [

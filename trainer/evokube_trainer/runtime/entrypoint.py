@@ -13,11 +13,9 @@ the operator what to do next: 0 done, 75 restart from checkpoint, 78 give up.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import sys
-import tempfile
 
 from evokube_contract import (
     ENV_TERMINATION_LOG,
@@ -149,29 +147,22 @@ def _wandb_recorders(name: str, namespace: str, checkpoint_dir: str | None) -> l
     return wandb_recorders(name, namespace, local)
 
 
-# A checkpoint directory failing with these will fail the same way after a restart.
-_PERMANENT_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
-
-
 def check_checkpoint_dir(path: str) -> None:
-    """Create a local checkpoint directory and write a probe file there; raise PermanentError when
-    that is refused (permissions, a read-only filesystem), since every restart would be too.
-    Other errors (a full disk, I/O) may pass and stay retriable; a bucket is checked by
-    `objectstore.prepare` when training starts."""
-    from evokube_trainer.runtime import objectstore
+    """Create a local checkpoint directory and write a probe file there. One that cannot be
+    written raises PermanentError when every restart would meet it again (a file in its place
+    or above it, permissions, a read-only filesystem: runtime/folders.py), else RetriableError
+    (a full disk, I/O); a bucket is checked by `objectstore.prepare` when training starts."""
+    from evokube_trainer.runtime import folders, objectstore
 
     if objectstore.is_url(path):
         return
     try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".evokube-probe-"):
-            pass
+        folders.prepare(path)
     except OSError as err:
-        if err.errno in _PERMANENT_ERRNOS:
-            raise exitcodes.PermanentError(
-                f"spec.checkpoint.location: cannot write to {path}: {err.strerror}"
-            ) from err
-        raise
+        message = f"spec.checkpoint.location: {folders.describe(path, err)}"
+        if folders.permanent(err):
+            raise exitcodes.PermanentError(message) from err
+        raise exitcodes.RetriableError(message) from err
 
 
 if __name__ == "__main__":

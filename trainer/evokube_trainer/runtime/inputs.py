@@ -12,6 +12,7 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib import parse
 
 from evokube_contract import (
     ENV_CHECKPOINT_DIR,
@@ -23,6 +24,9 @@ from evokube_contract import (
 )
 from evokube_trainer.runtime.distributed import ProcessGroup
 from evokube_trainer.runtime.exitcodes import PermanentError
+from evokube_trainer.runtime.objectstore import is_url
+
+MAX_PORT = 65535
 
 
 @dataclass(frozen=True)
@@ -48,8 +52,6 @@ class Inputs:
             raise PermanentError(f"{ENV_MANIFEST} is not set")
         try:
             group = ProcessGroup.from_env(env)
-            port = env.get(ENV_METRICS_PORT)
-            metrics_port = int(port) if port else None
         except ValueError as err:
             raise PermanentError(str(err)) from None
         level = (env.get(ENV_LOG_LEVEL) or "INFO").upper()
@@ -61,9 +63,30 @@ class Inputs:
         return cls(
             manifest=manifest,
             group=group,
-            checkpoint_dir=env.get(ENV_CHECKPOINT_DIR) or None,
-            metrics_port=metrics_port,
+            checkpoint_dir=_checkpoint_dir(env.get(ENV_CHECKPOINT_DIR)),
+            metrics_port=_metrics_port(env.get(ENV_METRICS_PORT)),
             report_status=env.get(ENV_REPORT_STATUS) == "1",
             history=env.get(ENV_HISTORY) or None,
             log_level=level,
         )
+
+
+def _metrics_port(value: str | None) -> int | None:
+    if not value:
+        return None
+    if not (value.isascii() and value.isdigit() and int(value) <= MAX_PORT):
+        raise PermanentError(f"{ENV_METRICS_PORT}={value!r} is not a port (0 to {MAX_PORT})")
+    return int(value)
+
+
+def _checkpoint_dir(value: str | None) -> str | None:
+    """An absolute path, or a gs:// or s3:// URL naming a bucket: anything else would be read
+    as a folder relative to wherever the process started."""
+    if not value:
+        return None
+    if os.path.isabs(value) or (is_url(value) and parse.urlparse(value).netloc):
+        return value
+    raise PermanentError(
+        f"{ENV_CHECKPOINT_DIR}={value!r} is neither an absolute path nor a gs:// or s3:// URL "
+        "naming a bucket"
+    )

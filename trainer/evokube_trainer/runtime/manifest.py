@@ -450,9 +450,12 @@ def _check_events(text: str) -> None:
 
 
 def _read_text(path: Path) -> str:
-    """The file's text, read only if it is a regular file of at most MAX_FILE_BYTES of UTF-8."""
+    """The file's text, read only if it is a regular file of at most MAX_FILE_BYTES of UTF-8.
+
+    Opened without blocking, so that a named pipe with no writer is refused at once rather
+    than waited on forever (a regular file reads the same either way)."""
     try:
-        with open(path, "rb") as file:
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
             if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
                 raise ValueError("not a regular file")
             data = file.read(MAX_FILE_BYTES + 1)
