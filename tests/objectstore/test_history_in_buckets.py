@@ -15,7 +15,7 @@ from evokube_trainer.laptop.cli import main
 from evokube_trainer.recorders import TensorBoardRecorder
 from evokube_trainer.runtime import exitcodes
 from evokube_trainer.runtime.status import GROUP, PLURAL, VERSION
-from tests.runtime.test_curves import write_history
+from tests.laptop.test_curves import write_history
 from tests.runtime.test_status import experiment
 from tests.trainer.test_tensorboard_wandb import event_files, scalars
 
