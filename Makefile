@@ -24,13 +24,20 @@ $(STAMP): pyproject.toml constraints.txt
 	$(VENV)/bin/pip install -q -c constraints.txt -e '.[dev]'
 	touch $@
 
-# constraints.txt: the tested versions, regenerated from a fresh resolution of the extras.
+# constraints.txt: the tested versions, from a fresh resolution (not an install) of the
+# dev extras with the accelerator ones (cuda, tpu), one consistent set; like pip freeze,
+# it leaves out evokube, pip, setuptools and wheel.
 lock:
 	rm -rf .venv-lock
 	$(PYTHON) -m venv .venv-lock
 	.venv-lock/bin/pip install -q --upgrade pip
-	.venv-lock/bin/pip install -q '.[dev]'
-	{ sed -n '/^#/p' constraints.txt; .venv-lock/bin/pip freeze --exclude-editable | grep -v '^evokube'; } > constraints.new
+	.venv-lock/bin/pip install -q --dry-run --ignore-installed --report .venv-lock/resolved.json \
+	  '.[dev,cuda,tpu]'
+	{ sed -n '/^#/p' constraints.txt; .venv-lock/bin/python -c 'import json, sys; \
+	  pins = [(p["metadata"]["name"], p["metadata"]["version"]) for p in json.load(sys.stdin)["install"]]; \
+	  skip = {"evokube", "pip", "setuptools", "wheel"}; \
+	  print(*(f"{n}=={v}" for n, v in sorted(pins, key=lambda p: p[0].lower()) if n not in skip), sep="\n")' \
+	  < .venv-lock/resolved.json; } > constraints.new
 	mv constraints.new constraints.txt
 	rm -rf .venv-lock
 

@@ -14,8 +14,11 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 REGISTRY = "ghcr.io/evokube"
-# A name, and the tag when there is one ("ghcr.io/evokube/" alone is a prefix, not an image).
-REFERENCE = re.compile(rf"{re.escape(REGISTRY)}/([a-z0-9][a-z0-9._-]*)(?::([\w][\w.-]*))?")
+# A name, and the tag when there is one ("ghcr.io/evokube/" alone is a prefix, not an image;
+# oci://ghcr.io/evokube/charts is where the chart is pushed).
+REFERENCE = re.compile(
+    rf"(?<!oci://){re.escape(REGISTRY)}/([a-z0-9][a-z0-9._-]*)(?::([\w][\w.-]*))?"
+)
 
 
 def make_images() -> str:
