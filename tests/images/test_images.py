@@ -9,9 +9,9 @@ Commands run inside the images with `buildah run` (`podman run` fails here:
 crun may not set RLIMIT_NOFILE). docs/images.md has the details and the
 measured times.
 
-The CUDA and TPU images are not built (gigabytes of wheels, and nothing here
-could run them); their extras are resolved against the package index instead,
-every package of them pinned in constraints.txt.
+The TPU image is built but not run (no TPU here); the CUDA image is not built
+(gigabytes of wheels, and nothing here could run it). Both extras are resolved
+against the package index, every package of them pinned in constraints.txt.
 """
 
 from __future__ import annotations
@@ -385,3 +385,20 @@ def test_the_cpu_trainer_image_trains(images, base, tmp_path):
     assert "done." in trained.stdout, trained.stdout
     history = (work / "runs" / "imaged" / "history.jsonl").read_text().splitlines()
     assert [json.loads(line)["generation"] for line in history] == [1, 2, 3]
+
+
+def test_the_tpu_trainer_image_carries_the_pinned_jax_and_libtpu(images, base):
+    """Built here, not run on a TPU (none here): root, and the pinned jax/jaxlib/libtpu with
+    libtpu's shared library, which JAX loads on a TPU host."""
+    tag = images.build("trainer-tpu", base)
+    assert images.config(tag)["User"] == "0:0"
+    probe = (
+        "import importlib.metadata as m, json, os, libtpu;"
+        "print(json.dumps({p: m.version(p) for p in ('jax', 'jaxlib', 'libtpu')}));"
+        "print(os.path.isfile(os.path.join(os.path.dirname(libtpu.__file__), 'libtpu.so')))"
+    )
+    with images.container(tag) as container:
+        versions, has_library = images.run_in(container, "python3", "-c", probe).stdout.splitlines()
+    pins = pinned()
+    assert json.loads(versions) == {name: pins[name] for name in ("jax", "jaxlib", "libtpu")}
+    assert has_library == "True"
