@@ -1,9 +1,7 @@
 # evokube images: one Dockerfile, one image stage, built once per extra (docs/images.md).
+# `make images` builds every image under its name (the Makefile's IMAGES table); one by hand:
 #
-#   docker build --build-arg EXTRA=operator -t ghcr.io/evokube/operator:0.1.0 .      Kopf operator, no JAX
-#   docker build --build-arg EXTRA=trainer  -t ghcr.io/evokube/trainer-cpu:0.1.0 .   CPU JAX
-#   docker build --build-arg EXTRA=cuda     -t ghcr.io/evokube/trainer-cuda:0.1.0 .  jax[cuda12]; the node brings the driver
-#   docker build --build-arg EXTRA=tpu --build-arg RUN_AS=0:0 -t ghcr.io/evokube/trainer-tpu:0.1.0 .   jax[tpu] (libtpu)
+#   docker build --build-arg EXTRA=trainer -t ghcr.io/evokube/trainer-cpu:0.1.0 .
 #
 # EXTRA has no default: a build without it fails instead of guessing. BASE_IMAGE:
 # any Debian-like image with Python >= 3.11 and its venv module. The image is the

@@ -2,13 +2,15 @@
 #   make run    a small local experiment (the main job)
 #   make test   the whole test suite (what .ci/run calls)
 #   make demo   the end-to-end flow, narrated: chart, operator, a killed trainer, recovery
+#   make images the operator and trainer images (make push: to REGISTRY; docs/images.md)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 # Reinstall when pyproject.toml changes.
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: setup lock system-deps cluster-binaries checkov lint test run demo cluster-up cluster-down
+.PHONY: setup lock system-deps cluster-binaries checkov lint test run demo cluster-up cluster-down \
+	images push
 
 # Debian packages the tests use: Prometheus (tests/observability), podman,
 # buildah and debootstrap (tests/images build the Dockerfile without a Docker engine).
@@ -22,13 +24,20 @@ $(STAMP): pyproject.toml constraints.txt
 	$(VENV)/bin/pip install -q -c constraints.txt -e '.[dev]'
 	touch $@
 
-# constraints.txt: the tested versions, regenerated from a fresh resolution of the extras.
+# constraints.txt: the tested versions, from a fresh resolution (not an install) of the
+# dev extras with the accelerator ones (cuda, tpu), one consistent set; like pip freeze,
+# it leaves out evokube, pip, setuptools and wheel.
 lock:
 	rm -rf .venv-lock
 	$(PYTHON) -m venv .venv-lock
 	.venv-lock/bin/pip install -q --upgrade pip
-	.venv-lock/bin/pip install -q '.[dev]'
-	{ sed -n '/^#/p' constraints.txt; .venv-lock/bin/pip freeze --exclude-editable | grep -v '^evokube'; } > constraints.new
+	.venv-lock/bin/pip install -q --dry-run --ignore-installed --report .venv-lock/resolved.json \
+	  '.[dev,cuda,tpu]'
+	{ sed -n '/^#/p' constraints.txt; .venv-lock/bin/python -c 'import json, sys; \
+	  pins = [(p["metadata"]["name"], p["metadata"]["version"]) for p in json.load(sys.stdin)["install"]]; \
+	  skip = {"evokube", "pip", "setuptools", "wheel"}; \
+	  print(*(f"{n}=={v}" for n, v in sorted(pins, key=lambda p: p[0].lower()) if n not in skip), sep="\n")' \
+	  < .venv-lock/resolved.json; } > constraints.new
 	mv constraints.new constraints.txt
 	rm -rf .venv-lock
 
@@ -81,3 +90,38 @@ run: setup
 # SCENARIO: killed-trainer (default), killed-trainer-gs, evicted-trainer, killed-operator or all.
 demo: setup cluster-binaries
 	$(VENV)/bin/python -m tests.e2e $(SCENARIO)
+
+# -- images (docs/images.md) ---------------------------------------------------------------
+# Every image the docs, examples and chart name, one row each: name/EXTRA/user (RUN_AS).
+# The TPU image keeps root: libtpu opens device files that GKE leaves to root.
+# tests/images/test_names.py reads this set back from `make -n images`.
+IMAGES := operator/operator/1000:1000 trainer-cpu/trainer/1000:1000 \
+	trainer-cuda/cuda/1000:1000 trainer-tpu/tpu/0:0
+IMAGE_NAMES := $(foreach row,$(IMAGES),$(firstword $(subst /, ,$(row))))
+# Field $2 (2: EXTRA, 3: user) of image $1's row.
+image_field = $(word $2,$(subst /, ,$(filter $1/%,$(IMAGES))))
+
+REGISTRY ?= ghcr.io/evokube
+# The project's version, which is also the chart's appVersion (the operator image's default tag).
+TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+# Empty: the Dockerfile's BASE_IMAGE. BUILD_FLAGS: more flags for `build` (e.g. --isolation=chroot).
+BASE_IMAGE ?=
+BUILD_FLAGS ?=
+# docker when its engine answers, else podman, else buildah; name one (with its global
+# flags) to choose. Worked out once, on first use.
+CONTAINER_TOOL ?= $(eval CONTAINER_TOOL := $(or \
+	$(shell docker info >/dev/null 2>&1 && echo docker),\
+	$(notdir $(firstword $(shell command -v podman buildah))),\
+	$(error none of docker, podman or buildah works here)))$(CONTAINER_TOOL)
+
+.PHONY: $(IMAGE_NAMES:%=image-%) $(IMAGE_NAMES:%=push-%)
+images: $(IMAGE_NAMES:%=image-%)
+push: $(IMAGE_NAMES:%=push-%)
+
+$(IMAGE_NAMES:%=image-%): image-%:
+	$(CONTAINER_TOOL) build $(BUILD_FLAGS) $(if $(BASE_IMAGE),--build-arg=BASE_IMAGE=$(BASE_IMAGE)) \
+	  --build-arg=EXTRA=$(call image_field,$*,2) --build-arg=RUN_AS=$(call image_field,$*,3) \
+	  --tag=$(REGISTRY)/$*:$(TAG) .
+
+$(IMAGE_NAMES:%=push-%): push-%: image-%
+	$(CONTAINER_TOOL) push $(REGISTRY)/$*:$(TAG)

@@ -1,4 +1,5 @@
-"""The Dockerfile: lint-clean, and its operator and CPU trainer images built and run here.
+"""The Dockerfile: lint-clean, and its operator and CPU trainer images built (`make image-<name>`)
+and run here.
 
 No Docker engine runs on our machines and no registry can be pulled from, so
 the images are built with Debian's podman (chroot isolation; overlay storage
@@ -8,8 +9,9 @@ Commands run inside the images with `buildah run` (`podman run` fails here:
 crun may not set RLIMIT_NOFILE). docs/images.md has the details and the
 measured times.
 
-The CUDA and TPU images are not built (gigabytes of wheels, and nothing here
-could run them); their extras are resolved against the package index instead.
+The TPU image is built but not run (no TPU here); the CUDA image is not built
+(gigabytes of wheels, and nothing here could run it). Both extras are resolved
+against the package index, every package of them pinned in constraints.txt.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.utils import canonicalize_name
 
 from tests.cluster.controlplane import free_port, wait_until
 from tests.operator.conftest import K8s, experiment_manifest, release_gangs
@@ -96,19 +99,24 @@ class Images:
         found = subprocess.run(["podman", *self.flags, "image", "exists", tag])
         return found.returncode == 0
 
-    def build(self, extra: str, base: str) -> str:
-        """The Dockerfile's image with `extra` (docker/install-dependencies.sh)."""
-        tag = f"localhost/evokube/{extra}:test"
-        self.podman(
-            "build",
-            "--isolation=chroot",
-            f"--build-arg=BASE_IMAGE={base}",
-            f"--build-arg=EXTRA={extra}",
-            f"--tag={tag}",
-            str(REPO),
+    def build(self, name: str, base: str) -> str:
+        """`make image-<name>`: the Dockerfile with that IMAGES row's EXTRA and user."""
+        registry, tag = "localhost/evokube", "test"
+        tool = " ".join(["podman", *self.flags])
+        run(
+            [
+                "make",
+                f"image-{name}",
+                f"CONTAINER_TOOL={tool}",
+                "BUILD_FLAGS=--isolation=chroot",
+                f"BASE_IMAGE={base}",
+                f"REGISTRY={registry}",
+                f"TAG={tag}",
+            ],
+            cwd=REPO,
             timeout=1500,
         )
-        return tag
+        return f"{registry}/{name}:{tag}"
 
     def config(self, tag: str) -> dict:
         (image,) = json.loads(self.podman("image", "inspect", tag).stdout)
@@ -220,10 +228,17 @@ def test_hadolint_finds_nothing():
     assert found.returncode == 0 and not found.stdout.strip(), found.stdout + found.stderr
 
 
+def pinned() -> dict[str, str]:
+    """constraints.txt as name -> version, names in pip's canonical form."""
+    lines = (REPO / "constraints.txt").read_text().splitlines()
+    pins = dict(line.split("==") for line in lines if line and not line.startswith("#"))
+    return {canonicalize_name(name): version for name, version in pins.items()}
+
+
 @pytest.mark.parametrize(("extra", "wanted"), [("cuda", "jax-cuda12-plugin"), ("tpu", "libtpu")])
-def test_the_gpu_and_tpu_extras_resolve(tmp_path, extra, wanted):
+def test_the_gpu_and_tpu_extras_resolve_to_pinned_versions(tmp_path, extra, wanted):
     """What the cuda and tpu images install (EXTRA=cuda, EXTRA=tpu) exists on the package index,
-    under the same constraints (constraints.txt) as the images."""
+    and every package of it is pinned in constraints.txt, so the images resolve to that set."""
     pip = [sys.executable, "-m", "pip"]
     run([*pip, "wheel", "--no-deps", "--quiet", "--wheel-dir", str(tmp_path), str(REPO)])
     (wheel,) = tmp_path.glob("evokube-*.whl")
@@ -240,8 +255,23 @@ def test_the_gpu_and_tpu_extras_resolve(tmp_path, extra, wanted):
             f"{wheel}[{extra}]",
         ]
     )
-    names = {item["metadata"]["name"] for item in json.loads(report.read_text())["install"]}
-    assert {"jax", "jaxlib", wanted} <= names, sorted(names)
+    resolved = {
+        canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"]
+        for item in json.loads(report.read_text())["install"]
+    }
+    assert {"jax", "jaxlib", wanted} <= resolved.keys(), sorted(resolved)
+    pins = pinned()
+    unpinned = {name: v for name, v in resolved.items() if name != "evokube" and name not in pins}
+    assert not unpinned, f"not in constraints.txt (make lock pins the extras): {unpinned}"
+
+
+def test_the_tpu_pair_is_the_one_proven_on_the_chip():
+    """jax/jaxlib 0.10.2, which this project's TPU v5e benchmarks ran (benchmarks/README.md),
+    with the libtpu series jax[tpu] 0.10.2 requires."""
+    pins = pinned()
+    assert (pins["jax"], pins["jaxlib"]) == ("0.10.2", "0.10.2")
+    assert pins["libtpu"].startswith("0.0.42"), pins["libtpu"]
+    assert f"libtpu {pins['libtpu']}" in (REPO / "docs" / "images.md").read_text()
 
 
 # -- the images -----------------------------------------------------------------------------
@@ -321,7 +351,7 @@ def test_the_operator_image_runs_the_operator_against_the_cluster(
 
 
 def test_the_cpu_trainer_image_trains(images, base, tmp_path):
-    tag = images.build("trainer", base)
+    tag = images.build("trainer-cpu", base)
     assert images.config(tag)["Cmd"] == ["evokube-train"]
     work = tmp_path / "work"
     work.mkdir()
@@ -355,3 +385,20 @@ def test_the_cpu_trainer_image_trains(images, base, tmp_path):
     assert "done." in trained.stdout, trained.stdout
     history = (work / "runs" / "imaged" / "history.jsonl").read_text().splitlines()
     assert [json.loads(line)["generation"] for line in history] == [1, 2, 3]
+
+
+def test_the_tpu_trainer_image_carries_the_pinned_jax_and_libtpu(images, base):
+    """Built here, not run on a TPU (none here): root, and the pinned jax/jaxlib/libtpu with
+    libtpu's shared library, which JAX loads on a TPU host."""
+    tag = images.build("trainer-tpu", base)
+    assert images.config(tag)["User"] == "0:0"
+    probe = (
+        "import importlib.metadata as m, json, os, libtpu;"
+        "print(json.dumps({p: m.version(p) for p in ('jax', 'jaxlib', 'libtpu')}));"
+        "print(os.path.isfile(os.path.join(os.path.dirname(libtpu.__file__), 'libtpu.so')))"
+    )
+    with images.container(tag) as container:
+        versions, has_library = images.run_in(container, "python3", "-c", probe).stdout.splitlines()
+    pins = pinned()
+    assert json.loads(versions) == {name: pins[name] for name in ("jax", "jaxlib", "libtpu")}
+    assert has_library == "True"
