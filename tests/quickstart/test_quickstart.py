@@ -14,6 +14,7 @@ from evokube_trainer.laptop import cli
 from evokube_trainer.runtime import exitcodes
 from tests.quickstart.walkthrough import (
     EXAMPLES,
+    QUICKSTART,
     REPO,
     blocks,
     commands,
@@ -86,12 +87,12 @@ def test_each_manifest_fits_exactly_one_node_pool_and_each_pool_serves_one():
     served = set()
     for path, document in experiments().items():
         job = trainer_job(document)
-        homes = [p for p in pools if not fits(job, p.node(f"{p.name}-0"))]
-        reasons = {p.name: fits(job, p.node(f"{p.name}-0")) for p in pools}
+        reasons = {p.name: [fits(job, node) for node in p.nodes()] for p in pools}
+        homes = [p for p in pools if not any(reasons[p.name])]
         assert len(homes) == 1, f"{path.name}: {reasons}"
         (home,) = homes
         # One pod per host, and the pool has that many nodes.
-        assert job["spec"]["parallelism"] == int(home.flags["num-nodes"])
+        assert job["spec"]["parallelism"] == len(home.nodes())
         served.add(home.name)
     assert served == {p.name for p in pools}
 
@@ -144,15 +145,29 @@ def test_gcloud_knows_every_flag_the_scripts_pass():
             assert not unknown, f"{script.name}: gcloud {' '.join(positional)}: {unknown}"
 
 
-def test_the_values_file_names_the_kps_release_and_its_namespace():
-    # helm itself renders the chart with this file in test_on_cluster.py.
-    values = yaml.safe_load((EXAMPLES / "evokube-values.yaml").read_text())
+def kps_install() -> tuple[str, str]:
+    """(release, namespace) of kube-prometheus-stack in install.sh."""
     (install,) = [
         words
         for words in commands(EXAMPLES / "install.sh")
         if words[:2] == ["helm", "install"] and words[3] == KPS_CHART
     ]
-    release, namespace = install[2], install[install.index("-n") + 1]
+    return install[2], install[install.index("-n") + 1]
+
+
+def test_grafana_is_reached_where_kube_prometheus_stack_puts_it():
+    release, namespace = kps_install()
+    grafana = f"{release}-grafana"  # its Service and its admin Secret
+    shown = commands(EXAMPLES / "grafana.sh")
+    assert ["kubectl", "-n", namespace, "get", "secret", grafana] == shown[1][:6]
+    assert ["kubectl", "-n", namespace, "port-forward", f"service/{grafana}", "3000:80"] in shown
+    assert "<http://localhost:3000>" in QUICKSTART.read_text()
+
+
+def test_the_values_file_names_the_kps_release_and_its_namespace():
+    # helm itself renders the chart with this file in test_on_cluster.py.
+    values = yaml.safe_load((EXAMPLES / "evokube-values.yaml").read_text())
+    release, namespace = kps_install()
     assert (
         values["serviceMonitor"]["labels"] == values["podMonitor"]["labels"] == {"release": release}
     )

@@ -15,6 +15,7 @@ import yaml
 from evokube_operator import api, builders
 from evokube_operator.spec import Experiment, parse_spec
 from evokube_trainer.runtime import manifest
+from tests.cluster.controlplane import fake_node
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "docs" / "quickstart.md"
@@ -105,8 +106,9 @@ class NodePool:
         raw = self.flags.get("accelerator", "")
         return dict(item.partition("=")[::2] for item in raw.split(",") if item)
 
-    def node(self, name: str) -> dict[str, Any]:
-        """What GKE makes a node of this pool: labels, taint and capacity."""
+    def shape(self) -> dict[str, Any]:
+        """What GKE gives each node of this pool (labels, taints, capacity), in the form of the
+        test cluster's pools (tests/cluster/nodes.yaml)."""
         machine = self.machine
         labels = {"cloud.google.com/gke-nodepool": self.name}
         capacity = {"cpu": machine.cpu, "memory": machine.memory, "pods": "110"}
@@ -118,11 +120,13 @@ class NodePool:
             labels[api.GPU_PRODUCT_SELECTOR] = self.accelerator["type"]
             resource = api.GPU_RESOURCE
         capacity[resource] = str(machine.count)
-        return {
-            "metadata": {"name": name, "labels": labels},
-            "spec": {"taints": [{"key": resource, "value": "present", "effect": "NoSchedule"}]},
-            "status": {"capacity": capacity, "allocatable": capacity},
-        }
+        taints = [{"key": resource, "value": "present", "effect": "NoSchedule"}]
+        return {"labels": labels, "taints": taints, "capacity": capacity}
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """The pool's nodes, `<pool>-<i>`, as Node objects kwok can run."""
+        count = int(self.flags["num-nodes"])
+        return [fake_node(f"{self.name}-{i}", self.name, self.shape()) for i in range(count)]
 
 
 def node_pools() -> list[NodePool]:
