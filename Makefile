@@ -13,9 +13,10 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 	images push
 
 # Debian packages the tests use: Prometheus (tests/observability), podman,
-# buildah and debootstrap (tests/images build the Dockerfile without a Docker engine).
-SYSTEM_PACKAGES := prometheus podman buildah debootstrap
-SYSTEM_TOOLS := prometheus promtool podman buildah debootstrap
+# buildah and debootstrap (tests/images build the Dockerfile without a Docker engine),
+# shellcheck (tests/quickstart lints the quickstart's scripts).
+SYSTEM_PACKAGES := prometheus podman buildah debootstrap shellcheck
+SYSTEM_TOOLS := prometheus promtool podman buildah debootstrap shellcheck
 
 $(STAMP): pyproject.toml constraints.txt
 	rm -f $(VENV)/.installed-*
