@@ -3,13 +3,14 @@
 #   make test   the whole test suite (what .ci/run calls)
 #   make demo   the end-to-end flow, narrated: chart, operator, a killed trainer, recovery
 #   make images the operator and trainer images (make push: to REGISTRY; docs/images.md)
+#   make cluster    evokube on a cluster on this machine, until `make cluster-down`
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 # Reinstall when pyproject.toml changes.
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: setup lock system-deps cluster-binaries checkov lint test run demo cluster-up cluster-down \
+.PHONY: setup lock system-deps cluster-binaries checkov lint test run demo cluster cluster-down \
 	images push
 
 # Debian packages the tests use: Prometheus (tests/observability), podman,
@@ -79,11 +80,14 @@ lint: setup
 test: setup system-deps cluster-binaries checkov lint
 	$(VENV)/bin/pytest
 
-cluster-up: setup cluster-binaries
-	$(VENV)/bin/python -m tests.cluster up
+# The pinned control plane, kwok's fake TPU and GPU pools, the chart's operator, trainer
+# pods run as local processes, and Prometheus (`make system-deps`): tests/e2e/laptop_cluster.py.
+# It prints the KUBECONFIG to export; everything runs until `make cluster-down`.
+cluster: setup cluster-binaries
+	$(VENV)/bin/python -m tests.e2e.laptop_cluster up
 
 cluster-down: setup
-	$(VENV)/bin/python -m tests.cluster down
+	$(VENV)/bin/python -m tests.e2e.laptop_cluster down
 
 run: setup
 	$(VENV)/bin/evokube run examples/pendulum-cemrl.yaml

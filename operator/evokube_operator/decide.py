@@ -36,6 +36,7 @@ from evokube_operator.spec import (
     parse_spec,
     parse_time,
 )
+from evokube_operator.util import clip
 
 # A pod still there this long after its deletionTimestamp (the time by which it should be
 # gone) no longer holds the next gang back: its node, and the kubelet that would stop it,
@@ -624,6 +625,8 @@ def _progress(
     diagnosis, wants_events = startup.Diagnosis(), False
     if phase != api.RUNNING:
         diagnosis, wants_events = _start_check(step, job, pods, hosts)
+    if diagnosis.waiting is not None:
+        running = replace(running, message=clip(f"{running.message}: {diagnosis.waiting}"))
     problem = diagnosis.problem
     if problem is not None and problem.final:
         return _fail(step, status, problem.reason, problem.message, spec, events)

@@ -369,7 +369,10 @@ class ControlPlane:
         for name in ("controller-manager", "scheduler", "kwok"):
             self.write_kubeconfig(self.workdir / f"{name}.kubeconfig", self.state.tokens[name])
 
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def spawn(self, name: str, args: list[str], env: Mapping[str, str] | None = None) -> None:
+        """Start a process that belongs to this cluster: in a session of its own (it outlives
+        whoever started it), logging to logs/<name>.log, its pid in state.json, so that
+        `stop` ends it too, newest first."""
         with open(self.log(name), "ab") as log:
             proc = subprocess.Popen(
                 args,
@@ -378,12 +381,13 @@ class ControlPlane:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 cwd=self.workdir,
+                env=env,
             )
         self._procs[name] = proc
         self.state.pids[name] = proc.pid
         self.state.save()
 
-    def _wait(self, name: str, ready: Callable[[], bool], timeout: float, what: str) -> None:
+    def wait_for(self, name: str, ready: Callable[[], bool], timeout: float, what: str) -> None:
         """Poll `ready` until true; fail fast, naming the log, if the process dies."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -428,7 +432,7 @@ class ControlPlane:
     def _start_etcd(self, timeout: float) -> None:
         client = f"http://127.0.0.1:{self.state.ports['etcd']}"
         peer = f"http://127.0.0.1:{self.state.ports['etcd-peer']}"
-        self._spawn(
+        self.spawn(
             "etcd",
             [
                 self.binaries.path("etcd"),
@@ -454,11 +458,11 @@ class ControlPlane:
             except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
                 return False
 
-        self._wait("etcd", healthy, timeout, "healthy")
+        self.wait_for("etcd", healthy, timeout, "healthy")
 
     def _start_apiserver(self, timeout: float) -> None:
         pki = self.workdir / "pki"
-        self._spawn(
+        self.spawn(
             "kube-apiserver",
             [
                 self.binaries.path("kube-apiserver"),
@@ -483,12 +487,12 @@ class ControlPlane:
                 "--profiling=false",
             ],
         )
-        self._wait("kube-apiserver", self._api_ready, timeout, "ready (/readyz)")
+        self.wait_for("kube-apiserver", self._api_ready, timeout, "ready (/readyz)")
 
     def _start_controller_manager(self, timeout: float) -> None:
         pki = self.workdir / "pki"
         port = self.state.ports["kcm"]
-        self._spawn(
+        self.spawn(
             "kube-controller-manager",
             [
                 self.binaries.path("kube-controller-manager"),
@@ -510,7 +514,7 @@ class ControlPlane:
                 ),
             ],
         )
-        self._wait(
+        self.wait_for(
             "kube-controller-manager",
             lambda: self._https_ok(port, "/healthz"),
             timeout,
@@ -520,7 +524,7 @@ class ControlPlane:
     def _start_scheduler(self, timeout: float) -> None:
         port = self.state.ports["scheduler"]
         kubeconfig = self.workdir / "scheduler.kubeconfig"
-        self._spawn(
+        self.spawn(
             "kube-scheduler",
             [
                 self.binaries.path("kube-scheduler"),
@@ -532,13 +536,13 @@ class ControlPlane:
                 "--leader-elect=false",
             ],
         )
-        self._wait(
+        self.wait_for(
             "kube-scheduler", lambda: self._https_ok(port, "/readyz"), timeout, "ready (/readyz)"
         )
 
     def _start_kwok(self) -> None:
         key, value = FAKE_NODE_ANNOTATION
-        self._spawn(
+        self.spawn(
             "kwok",
             [
                 self.binaries.path("kwok"),
@@ -569,7 +573,7 @@ class ControlPlane:
             }
             return set(names) <= ready
 
-        self._wait("kwok", all_ready, timeout, f"managing {len(names)} Ready nodes")
+        self.wait_for("kwok", all_ready, timeout, f"managing {len(names)} Ready nodes")
 
 
 def fake_nodes(sizes: Mapping[str, int] | None = None) -> list[dict]:

@@ -39,7 +39,10 @@ Where a pod and a local process differ, the runner bridges the gap:
 
 The chosen ports, the pid and the log file are recorded in the pod's
 annotation `evokube.test/local-process` (JSON), so tests scrape and signal
-pods through what the API server shows.
+pods through what the API server shows. Given a `targets_file`, the runner also
+keeps there, for Prometheus's file_sd, every port of its running pods with the
+`__meta_kubernetes_*` labels Kubernetes discovery would give it (Debian's
+Prometheus is built without Kubernetes discovery).
 """
 
 from __future__ import annotations
@@ -118,6 +121,7 @@ class LocalPod:
     command: list[str]
     env: dict[str, str]
     ports: dict[str, int]  # container port name (or number) -> local port
+    labels: dict[str, str]  # the pod's labels
     restart_policy: str
     readiness: tuple[str, int, float] | None  # (path, local port, period)
     best_effort: bool  # QoS class BestEffort: no requests, lowest CPU priority
@@ -147,8 +151,9 @@ class LocalPod:
 class PodRunner:
     """Plays kubelet for `nodes` nodes labelled `evokube.io/test-pool=<pool>`.
 
-    The nodes are tainted `evokube.test/pod-runner=true:NoSchedule`: only pods
-    that tolerate it and select the pool (`node_selector`, `tolerations`) land here.
+    With `taint` the nodes are tainted `evokube.test/pod-runner=true:NoSchedule`: only
+    pods that tolerate it and select the pool (`node_selector`, `tolerations`) land here.
+    Without (the laptop cluster), any pod the scheduler fits here does.
     """
 
     def __init__(
@@ -158,6 +163,8 @@ class PodRunner:
         *,
         pool: str = "local",
         nodes: int = 2,
+        taint: bool = True,
+        targets_file: Path | None = None,
         bin_dir: Path = VENV_BIN,
         poll_s: float = 0.25,
     ):
@@ -167,6 +174,9 @@ class PodRunner:
         self.workdir = Path(workdir).resolve()
         self.pool = pool
         self.node_names = [f"{pool}-{i}" for i in range(nodes)]
+        self.taint = taint
+        self.targets_file = targets_file
+        self._targets: list[dict] | None = None
         self.bin_dir = bin_dir
         self.poll_s = poll_s
         self.api = cluster.api_client()
@@ -186,7 +196,9 @@ class PodRunner:
 
     @property
     def tolerations(self) -> list[dict[str, str]]:
-        return [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+        return (
+            [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}] if self.taint else []
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, timeout: float = 60) -> None:
@@ -296,7 +308,11 @@ class PodRunner:
                     POOL_LABEL: self.pool,
                 },
             },
-            "spec": {"taints": [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}]},
+            "spec": {
+                "taints": [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}]
+                if self.taint
+                else []
+            },
         }
         try:
             self.core.create_node(node)
@@ -387,6 +403,25 @@ class PodRunner:
                 local.signal(signal.SIGKILL)
                 local.done = True
             self._supervise(local)
+        if self.targets_file is not None:
+            self._write_targets()
+
+    def _write_targets(self) -> None:
+        """The running pods' ports as file_sd targets, rewritten (atomically) when they change."""
+        targets = [
+            {
+                "targets": [f"{LOOPBACK}:{port}"],
+                "labels": {**_meta_labels(p), "__meta_kubernetes_pod_container_port_name": name},
+            }
+            for p in self.pods.values()
+            if p.proc is not None and p.proc.poll() is None
+            for name, port in p.ports.items()
+        ]
+        if targets != self._targets:
+            partial = self.targets_file.with_suffix(".partial")
+            partial.write_text(json.dumps(targets, indent=1))
+            partial.replace(self.targets_file)
+            self._targets = targets
 
     def _list(self, field_selector: str) -> list[dict]:
         response = self.core.list_pod_for_all_namespaces(
@@ -489,6 +524,7 @@ class PodRunner:
             command=command,
             env=env,
             ports=ports,
+            labels=meta.get("labels") or {},
             restart_policy=spec.get("restartPolicy", "Always"),
             readiness=_readiness(container, ports),
             best_effort=pod.get("status", {}).get("qosClass") == "BestEffort",
@@ -875,6 +911,20 @@ def _readiness(container: dict, ports: dict[str, int]) -> tuple[str, int, float]
     if port is None:
         raise Unsupported(f"readiness probe port {http['port']} is not a declared containerPort")
     return http.get("path", "/"), port, float(probe.get("periodSeconds", 10))
+
+
+def _meta_labels(pod: LocalPod) -> dict[str, str]:
+    """Some of what Prometheus's Kubernetes discovery (role pod) labels a pod's targets with."""
+    labels = {
+        f"__meta_kubernetes_pod_label_{re.sub(r'[^a-zA-Z0-9_]', '_', key)}": value
+        for key, value in pod.labels.items()
+    }
+    return {
+        **labels,
+        "__meta_kubernetes_namespace": pod.namespace,
+        "__meta_kubernetes_pod_name": pod.name,
+        "__meta_kubernetes_pod_node_name": pod.node,
+    }
 
 
 def _restarts(policy: str, code: int) -> bool:

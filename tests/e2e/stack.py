@@ -71,48 +71,20 @@ class Stack:
         self.cluster.stop()
 
     def helm(self, *args: str) -> str:
-        home = self.workdir / "helm"
-        env = {
-            **os.environ,
-            "HELM_CACHE_HOME": str(home / "cache"),
-            "HELM_CONFIG_HOME": str(home / "config"),
-            "HELM_DATA_HOME": str(home / "data"),
-        }
-        run = subprocess.run(
-            [self.cluster.binaries.path("helm"), f"--kubeconfig={self.cluster.kubeconfig}", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-        if run.returncode != 0:
-            raise RuntimeError(f"helm {' '.join(args)} failed: {run.stderr.strip()}")
-        return run.stdout
+        return helm(self.cluster, self.workdir / "helm", *args)
 
     def helm_install(self) -> None:
         """The chart as a user installs it, plus the pod runner's pool for the operator pod."""
-        values = self.workdir / "values.yaml"
         # One replica: the scenarios watch and kill "the" operator pod (leader election still
         # runs; a restarted container waits out its predecessor's Lease).
-        values.write_text(
-            yaml.safe_dump(
-                {
-                    "nodeSelector": self.runner.node_selector,
-                    "tolerations": self.runner.tolerations,
-                    "operator": {"replicas": 1},
-                }
-            )
-        )
-        self.helm(
-            "install",
-            RELEASE,
-            str(CHART),
-            "-n",
-            RELEASE_NAMESPACE,
-            "--create-namespace",
-            "-f",
-            str(values),
-            "--wait",
-            "--timeout=180s",
+        install_chart(
+            self.cluster,
+            self.workdir,
+            {
+                "nodeSelector": self.runner.node_selector,
+                "tolerations": self.runner.tolerations,
+                "operator": {"replicas": 1},
+            },
         )
         wait_until(lambda: self.operator_get("/readyz")[0] == 200, 60, "the operator's /readyz")
 
@@ -192,6 +164,46 @@ class Stack:
             return scrape_text(_get(process["ports"]["metrics"], "/metrics")[1])
         except OSError:
             return {}
+
+
+def helm(cluster: ControlPlane, home: Path, *args: str) -> str:
+    """Our pinned helm against `cluster`, its cache and config under `home`."""
+    env = {
+        **os.environ,
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
+    run = subprocess.run(
+        [cluster.binaries.path("helm"), f"--kubeconfig={cluster.kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if run.returncode != 0:
+        raise RuntimeError(f"helm {' '.join(args)} failed: {run.stderr.strip()}")
+    return run.stdout
+
+
+def install_chart(cluster: ControlPlane, workdir: Path, values: dict[str, Any]) -> None:
+    """`helm install` helm/evokube as a user does, with `values` (workdir/values.yaml); returns
+    once the operator's Deployment is ready."""
+    path = workdir / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    helm(
+        cluster,
+        workdir / "helm",
+        "install",
+        RELEASE,
+        str(CHART),
+        "-n",
+        RELEASE_NAMESPACE,
+        "--create-namespace",
+        "-f",
+        str(path),
+        "--wait",
+        "--timeout=180s",
+    )
 
 
 def _get(port: int, path: str) -> tuple[int, str]:

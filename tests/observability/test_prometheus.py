@@ -9,7 +9,6 @@ losses, checkpoints).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -17,9 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.parse
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -28,6 +24,7 @@ import yaml
 
 from tests.cluster.controlplane import free_port, wait_until
 from tests.helm.chart import CHART
+from tests.observability.prometheus import Prometheus, get, static_scrape_configs
 from tests.operator.conftest import K8s, OperatorProcess, experiment_manifest, release_gangs
 
 pytestmark = pytest.mark.cluster
@@ -44,71 +41,6 @@ def tools() -> dict[str, str]:
     if missing:
         pytest.fail(f"{', '.join(missing)} not found: `make system-deps` installs Debian's package")
     return found
-
-
-def get(url: str, timeout: float = 5) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return response.read().decode()
-
-
-class Prometheus:
-    """One Prometheus server on loopback with a static scrape configuration."""
-
-    def __init__(self, binary: str, folder: Path, targets: dict[str, str]):
-        self.port = free_port()
-        self.folder = folder
-        config = {
-            "global": {
-                "scrape_interval": f"{SCRAPE_INTERVAL_S}s",
-                "scrape_timeout": f"{SCRAPE_INTERVAL_S}s",
-            },
-            "scrape_configs": [
-                {"job_name": job, "static_configs": [{"targets": [target]}]}
-                for job, target in targets.items()
-            ],
-        }
-        (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
-        self.log = folder / "prometheus.log"
-        with self.log.open("w") as log:
-            self.proc = subprocess.Popen(
-                [
-                    binary,
-                    f"--config.file={folder / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={folder / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        wait_until(self.ready, 60, "Prometheus to be ready")
-
-    def ready(self) -> bool:
-        assert self.proc.poll() is None, f"prometheus exited:\n{self.log.read_text()[-2000:]}"
-        with contextlib.suppress(OSError):
-            return "Ready" in get(f"http://127.0.0.1:{self.port}/-/ready")
-        return False
-
-    def api(self, path: str, **params: str) -> dict:
-        url = f"http://127.0.0.1:{self.port}/api/v1/{path}?{urllib.parse.urlencode(params)}"
-        try:
-            body = json.loads(get(url))
-        except urllib.error.HTTPError as err:
-            raise AssertionError(f"{path} {params}: {err.read().decode()}") from None
-        assert body["status"] == "success", body
-        return body["data"]
-
-    def query(self, expr: str) -> list[dict]:
-        return self.api("query", query=expr)["result"]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
 
 
 class LocalRun:
@@ -239,13 +171,16 @@ def test_prometheus_scrapes_both_and_every_dashboard_query_returns_data(
     binaries = tools()
     operator = operator_with_a_restart
     prometheus = Prometheus(
-        binaries["prometheus"],
         tmp_path,
-        {
-            "evokube-trainer": f"127.0.0.1:{local_run.metrics_port}",
-            "evokube-operator": f"127.0.0.1:{operator.port}",
-        },
+        static_scrape_configs(
+            {
+                "evokube-trainer": f"127.0.0.1:{local_run.metrics_port}",
+                "evokube-operator": f"127.0.0.1:{operator.port}",
+            }
+        ),
+        interval_s=SCRAPE_INTERVAL_S,
     )
+    prometheus.start(binaries["prometheus"])
     try:
         # Scraped: both targets up.
         def both_up():

@@ -295,6 +295,12 @@ def test_an_unschedulable_gang_is_blocked_after_the_timeout_never_failed():
     pods = [unschedulable(0, ago=100), unschedulable(1, ago=100)]
     plan = decide(observe(pods))
     assert blocked(plan) is None and plan.requeue_after == 200
+    # Meanwhile `kubectl describe` says what it waits for: the scheduler's word.
+    running = find(plan.status.conditions, api.COND_RUNNING)
+    assert (running["status"], running["reason"]) == ("False", api.REASON_WAITING_FOR_HOSTS)
+    assert running["message"].endswith(
+        "is not scheduled yet: 0/5 nodes are available: 5 node(s) didn't match"
+    ), running
     plan = decide(observe(pods), startup.Timeouts(unschedulable=60))
     assert plan.status.phase == api.PENDING
     condition = blocked(plan)

@@ -13,6 +13,7 @@ the scheduler sets the condition PodScheduled=False.
 | trainer waiting: ErrImagePull, ImagePullBackOff, ErrImageNeverPull | Blocked, then Failed |
 | trainer waiting: CreateContainerConfigError, CreateContainerError | Blocked |
 | PodScheduled=False (Unschedulable) for longer than the timeout | Blocked, never Failed |
+| PodScheduled=False, within the timeout | waits: the scheduler's message in `waiting` |
 
 The reasons: PodCreationRefused / PodCreationFailing, InvalidImage,
 ImagePullBackOff (Failed once the pod started more than the image-pull timeout
@@ -63,6 +64,9 @@ class Problem:
 class Diagnosis:
     problem: Problem | None = None
     recheck_after: float | None = None  # seconds until a timeout may change the verdict
+    # No problem (yet), but what the gang waits for: an unschedulable pod within its timeout.
+    # The Running condition says it, so `kubectl describe` tells why a gang stays Pending.
+    waiting: str | None = None
 
 
 def missing_pods(pods: Sequence[PodView], hosts: int) -> bool:
@@ -86,7 +90,12 @@ def diagnose(
         if wait is not None:
             waits.append(wait)
     problem = next((p for p in found if p.final), found[0] if found else None)
-    return Diagnosis(problem, min(waits, default=None))
+    unscheduled = [p for p in live if p.unschedulable_since is not None]
+    waiting = None
+    if problem is None and unscheduled:
+        first = unscheduled[0]
+        waiting = clip(f"{first.host} is not scheduled yet: {first.unschedulable_message}")
+    return Diagnosis(problem, min(waits, default=None), waiting)
 
 
 def _refused_creation(events: Sequence[JobEvent]) -> Problem | None:
