@@ -68,10 +68,14 @@ def render(
     *,
     show_only: Iterable[str] = (),
     api_versions: Iterable[str] = (),
+    kube_version: str | None = None,
     live: bool = False,
 ) -> str:
-    """`helm template` output: offline, or (live) for `cluster`'s version and admission APIs."""
+    """`helm template` output: offline (for helm's own Kubernetes version, or `kube_version`),
+    or (live) for `cluster`'s version and admission APIs."""
     args = ["template", release, str(CHART), "--namespace", namespace]
+    if kube_version:
+        args += ["--kube-version", kube_version]
     if live:
         args += capabilities(cluster)
     args += value_args(values, cluster.workdir / "helm" / "values")
