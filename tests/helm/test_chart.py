@@ -220,6 +220,7 @@ def test_custom_values_reach_the_manifests(cluster):
         "--watch-timeout-seconds=120",
         "--image-pull-timeout-seconds=900",
         "--unschedulable-timeout-seconds=60",
+        "--trainer-token=host-0",
         "--namespace=team-a",
         "--namespace=team-b",
         "--default-checkpoint-location=s3://team-bucket/evokube",

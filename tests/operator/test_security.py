@@ -337,8 +337,8 @@ def every_host_policy(cluster, namespace):
 def test_where_every_host_holds_a_token_only_host_0s_may_write_status(
     k8s, cluster, namespace, every_host_policy
 ):
-    k8s.apply(experiment_manifest("gang", namespace, accelerator={"type": "cpu", "hosts": 3}))
-    status = k8s.wait_running_gang(namespace, "gang", 3)
+    k8s.apply(experiment_manifest("gang", namespace, accelerator={"type": "cpu", "hosts": 4}))
+    status = k8s.wait_running_gang(namespace, "gang", 4)
     pods = pods_by_index(k8s, namespace, "gang", status["jobName"])
     progress = {"status": {"progress": {"generation": 3, "bestFitness": 0.5}}}
 
@@ -359,7 +359,7 @@ def test_where_every_host_holds_a_token_only_host_0s_may_write_status(
             return json.loads(err.body)["message"]
         return None
 
-    for index in (1, 2):  # a new policy takes a moment to reach the API server's admission
+    for index in (1, 2, 3):  # a new policy takes a moment to reach the API server's admission
         message = k8s.wait(lambda i=index: refused(i), f"host {index}'s write refused")
         assert f"pod {pods[index].metadata.name} may not change the status" in message
         assert f"only host 0 of Job {status['jobName']}" in message
