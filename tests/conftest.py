@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.controlplane import ControlPlane, wait_until
-from tests.helm.chart import operator_policies, operator_rbac
+from tests.helm.chart import operator_policies, operator_rbac, trainer_token_mode
 from tests.operator.conftest import (
     FAST_LEASE,
     OPERATOR_NAMESPACE,
@@ -137,8 +137,10 @@ def operator_kubeconfig(cluster, crd, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def operator(cluster, crd, operator_kubeconfig, tmp_path_factory):
+    # What the chart would tell the operator on this server (MutatingAdmissionPolicy or not).
+    token = f"--trainer-token={trainer_token_mode(cluster)}"
     process = OperatorProcess(
-        operator_kubeconfig, tmp_path_factory.mktemp("operator-logs"), FAST_LEASE
+        operator_kubeconfig, tmp_path_factory.mktemp("operator-logs"), (*FAST_LEASE, token)
     )
     process.start()
     yield process

@@ -170,4 +170,19 @@ REASON_CONTAINER_CONFIG_ERROR: Final = "ContainerConfigError"  # Blocked: a miss
 REASON_UNSCHEDULABLE: Final = "Unschedulable"  # Blocked after the timeout, never Failed
 # Event-only reasons.
 REASON_JOB_CREATED: Final = "JobCreated"
+REASON_PROGRESS_NOT_REPORTED: Final = "ProgressNotReported"  # Warning: no host holds a token
 REASON_EXPIRED: Final = "Expired"
+
+# Which trainer pods hold an API token for status.progress and status.result
+# (--trainer-token). The chart picks one from what the API server offers (docs/helm.md).
+TOKEN_HOST_0: Final = "host-0"  # the chart's MutatingAdmissionPolicy mounts one into host 0
+# The Job mounts one on every host; the chart's ValidatingAdmissionPolicy lets host 0 alone write.
+TOKEN_EVERY_HOST: Final = "every-host"
+TOKEN_NONE: Final = "none"  # no host: progress and result are not reported, an Event says so
+TRAINER_TOKEN_MODES: Final = (TOKEN_HOST_0, TOKEN_EVERY_HOST, TOKEN_NONE)
+TOKEN_VOLUME: Final = "evokube-api-access"
+TOKEN_DIR: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
+NO_TOKEN: Final = (
+    "no trainer host holds an API token (the chart's admission.trainerToken is false): "
+    "status.progress and status.result stay empty (docs/security.md)"
+)

@@ -119,6 +119,37 @@ def manifest_volume() -> dict[str, Any]:
     }
 
 
+def token_volume() -> dict[str, Any]:
+    """The volume kubelet would mount for automountServiceAccountToken, under our own name.
+
+    The same as the chart's MutatingAdmissionPolicy adds to host 0 (templates/admission.yaml).
+    """
+    return {
+        "name": api.TOKEN_VOLUME,
+        "projected": {
+            "sources": [
+                {"serviceAccountToken": {"expirationSeconds": 3600, "path": "token"}},
+                {
+                    "configMap": {
+                        "name": "kube-root-ca.crt",
+                        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                    }
+                },
+                {
+                    "downwardAPI": {
+                        "items": [
+                            {
+                                "path": "namespace",
+                                "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"},
+                            }
+                        ]
+                    }
+                },
+            ]
+        },
+    }
+
+
 def service(exp: Experiment, spec: ExperimentSpec) -> dict[str, Any]:
     """Headless: gives every pod the DNS name <job>-<index>.<service>, ready or not."""
     return {
@@ -396,11 +427,17 @@ def job(
     spec: ExperimentSpec,
     attempt: int,
     active_deadline_seconds: int | None = None,
+    trainer_token: str = api.TOKEN_HOST_0,
 ) -> dict[str, Any]:
     """The Indexed Job of one gang attempt: one pod per host, all or nothing."""
     acc = spec.accelerator
     pod_security, container_security = security_contexts(acc)
     checkpoint_volumes, checkpoint_mounts = _checkpoint_volume(spec)
+    # Where no MutatingAdmissionPolicy can give host 0 alone a token (before Kubernetes 1.36).
+    token_volumes, token_mounts = [], []
+    if trainer_token == api.TOKEN_EVERY_HOST:
+        token_volumes = [token_volume()]
+        token_mounts = [{"name": api.TOKEN_VOLUME, "mountPath": api.TOKEN_DIR, "readOnly": True}]
     container: dict[str, Any] = {
         "name": api.CONTAINER,
         "image": spec.image,
@@ -420,6 +457,7 @@ def job(
             {"name": "manifest", "mountPath": api.MANIFEST_DIR, "readOnly": True},
             {"name": "scratch", "mountPath": api.SCRATCH_DIR},
             *checkpoint_mounts,
+            *token_mounts,
             *plain(spec.volume_mounts),
         ],
         "securityContext": container_security,
@@ -436,7 +474,8 @@ def job(
         "restartPolicy": "Never",
         "serviceAccountName": pod_account_name(exp, spec),
         # Only host 0 reports status: the chart's MutatingAdmissionPolicy mounts a token
-        # into the pod of completion index 0 alone (docs/security.md).
+        # into the pod of completion index 0 alone, or (TOKEN_EVERY_HOST) the chart's
+        # ValidatingAdmissionPolicy refuses the other hosts' writes (docs/security.md).
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": pod_security,
@@ -445,6 +484,7 @@ def job(
             manifest_volume(),
             {"name": "scratch", "emptyDir": {}},
             *checkpoint_volumes,
+            *token_volumes,
             *plain(spec.volumes),
         ],
     }

@@ -19,6 +19,7 @@ import sys
 
 import kopf
 
+from evokube_operator import api
 from evokube_operator.leader import LeaderElection, own_namespace
 from evokube_operator.options import Options
 from evokube_operator.policies.startup import DEFAULT_TIMEOUTS, Timeouts
@@ -133,6 +134,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[Options, argparse.Namespa
         "spec.checkpoint.location checkpoints to URL/<namespace>/<name> (default: an emptyDir, "
         "which a gang restart loses)",
     )
+    parser.add_argument(
+        "--trainer-token",
+        choices=api.TRAINER_TOKEN_MODES,
+        default=api.TOKEN_HOST_0,
+        help="which trainer hosts get an API token to report status.progress and status.result: "
+        "host-0 (an admission policy mounts it, Kubernetes 1.36+), every-host (the Job mounts "
+        "it; an admission policy refuses the other hosts' writes), none (not reported; "
+        "each Job's experiment gets a Warning Event). The chart picks one (default host-0)",
+    )
     defaults = LeaderElection()
     parser.add_argument(
         "--leader-elect",
@@ -199,6 +209,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Options, argparse.Namespa
         metrics_from=args.metrics_from,
         leader_election=election,
         default_checkpoint_location=args.default_checkpoint_location,
+        trainer_token=args.trainer_token,
         start_timeouts=Timeouts(
             image_pull=args.image_pull_timeout_seconds,
             unschedulable=args.unschedulable_timeout_seconds,
@@ -213,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose and not args.debug:
         logging.getLogger("kopf").setLevel(logging.WARNING)
         logging.getLogger("evokube_operator").setLevel(logging.INFO)
+    if options.trainer_token == api.TOKEN_NONE:
+        logging.getLogger("evokube_operator").warning("--trainer-token=none: %s", api.NO_TOKEN)
     from evokube_operator import handlers  # noqa: F401  (registers the handlers)
 
     kopf.run(

@@ -78,6 +78,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
             network=options.network_access,
             timeouts=options.start_timeouts,
             default_checkpoints=options.default_checkpoint_location,
+            trainer_token=options.trainer_token,
         ),
         Indices(kwargs["experiment_index"], kwargs["job_index"], kwargs["pod_index"]),
         metrics,

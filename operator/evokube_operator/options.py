@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from kubernetes import config as kube_config
 from kubernetes.client import Configuration
 
+from evokube_operator import api
 from evokube_operator.builders import NetworkAccess
 from evokube_operator.leader import LeaderElection
 from evokube_operator.policies.startup import DEFAULT_TIMEOUTS, Timeouts
@@ -29,6 +30,7 @@ class Options:
     start_timeouts: Timeouts = DEFAULT_TIMEOUTS  # of image pulls, of unschedulable pods
     # gs:// or s3:// URL; an experiment without checkpoint.location gets <it>/<ns>/<name>
     default_checkpoint_location: str | None = None
+    trainer_token: str = api.TOKEN_HOST_0  # api.TRAINER_TOKEN_MODES: who holds an API token
 
     @property
     def network_access(self) -> NetworkAccess | None:

@@ -102,6 +102,7 @@ class Reconciler:
     network: builders.NetworkAccess | None = None  # None: no NetworkPolicy per experiment
     timeouts: startup.Timeouts = startup.DEFAULT_TIMEOUTS  # of pods that cannot start
     default_checkpoints: str | None = None  # bucket URL; experiments get <it>/<ns>/<name>
+    trainer_token: str = api.TOKEN_HOST_0  # which trainer pods hold an API token
     _memory: dict[Key, _Memory] = field(default_factory=dict)
 
     def forget(self, key: Key) -> None:
@@ -351,10 +352,11 @@ class Reconciler:
             return [conflict]
         return []
 
-    @staticmethod
-    def _job(exp: Experiment, plan: Plan) -> dict[str, Any]:
+    def _job(self, exp: Experiment, plan: Plan) -> dict[str, Any]:
         assert plan.spec is not None and plan.create_job is not None, "decide plans no Job"
-        return builders.job(exp, plan.spec, plan.create_job, plan.job_deadline)
+        return builders.job(
+            exp, plan.spec, plan.create_job, plan.job_deadline, trainer_token=self.trainer_token
+        )
 
     def _act(
         self, exp: Experiment, body: dict[str, Any], plan: Plan, jobs: tuple[JobView, ...]
@@ -385,6 +387,8 @@ class Reconciler:
                 message = f"created Job {name}: {hosts} hosts, attempt {plan.create_job}"
                 log.info("%s/%s: %s", exp.namespace, exp.name, message)
                 self._event(body, "Normal", api.REASON_JOB_CREATED, message)
+                if self.trainer_token == api.TOKEN_NONE:
+                    self._event(body, "Warning", api.REASON_PROGRESS_NOT_REPORTED, api.NO_TOKEN)
         if plan.delete_experiment:
             self.kube.delete(api.KIND, exp.namespace, exp.name, uid=exp.uid)
             log.info("%s/%s: deleted after its TTL", exp.namespace, exp.name)

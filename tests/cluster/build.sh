@@ -61,11 +61,24 @@ k8s_ldflags() {
   echo "$flags"
 }
 
+# The Kubernetes release of minor $EVOKUBE_KUBE_MINOR (1.35, say): one of the
+# pinned ones; unset, the newest.
+kubernetes_version() {
+  local minor=${EVOKUBE_KUBE_MINOR:-} v
+  [[ -z $minor ]] && { echo "$KUBERNETES_VERSION"; return; }
+  for v in "$KUBERNETES_VERSION" "$KUBERNETES_OLDEST_VERSION"; do
+    [[ $v == "v$minor."* ]] && { echo "$v"; return; }
+  done
+  log "EVOKUBE_KUBE_MINOR=$minor is not pinned: $KUBERNETES_VERSION or $KUBERNETES_OLDEST_VERSION"
+  return 1
+}
+
 build_kubernetes() {
-  local out="$cache/bin/kubernetes-$KUBERNETES_VERSION"
+  local version; version=$(kubernetes_version)
+  local out="$cache/bin/kubernetes-$version"
   done_in "$out" && { echo "$out"; return; }
-  log "building Kubernetes $KUBERNETES_VERSION into $out (cold: tens of minutes on 2 cores)"
-  build_wrapper "$out" k8s.io/kubernetes "$KUBERNETES_VERSION" "$(k8s_ldflags "$KUBERNETES_VERSION")" \
+  log "building Kubernetes $version into $out (cold: tens of minutes on 2 cores)"
+  build_wrapper "$out" k8s.io/kubernetes "$version" "$(k8s_ldflags "$version")" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
   touch "$out/.complete"; echo "$out"

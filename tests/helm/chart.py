@@ -6,7 +6,9 @@ renders, the one copy of the operator's permissions.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import os
 import subprocess
 from collections.abc import Iterable, Mapping
@@ -66,15 +68,69 @@ def render(
     *,
     show_only: Iterable[str] = (),
     api_versions: Iterable[str] = (),
+    kube_version: str | None = None,
+    live: bool = False,
 ) -> str:
-    """`helm template` output (offline: no cluster is asked)."""
+    """`helm template` output: offline (for helm's own Kubernetes version, or `kube_version`),
+    or (live) for `cluster`'s version and admission APIs."""
     args = ["template", release, str(CHART), "--namespace", namespace]
+    if kube_version:
+        args += ["--kube-version", kube_version]
+    if live:
+        args += capabilities(cluster)
     args += value_args(values, cluster.workdir / "helm" / "values")
     for template in show_only:
         args += ["--show-only", template]
     for api in api_versions:
         args += ["--api-versions", api]
     return helm(cluster, *args).stdout
+
+
+@functools.cache
+def _served(kubeconfig: Path, kubectl: str) -> tuple[str, ...]:
+    server = json.loads(
+        subprocess.run(
+            [kubectl, f"--kubeconfig={kubeconfig}", "version", "-o", "json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )["serverVersion"]["gitVersion"]
+    group = "admissionregistration.k8s.io"
+    kinds = []
+    for version in ("v1", "v1beta1"):
+        raw = subprocess.run(
+            [kubectl, f"--kubeconfig={kubeconfig}", "get", "--raw", f"/apis/{group}/{version}"],
+            capture_output=True,
+            text=True,
+        )
+        if raw.returncode == 0:
+            resources = json.loads(raw.stdout)["resources"]
+            kinds += [f"{group}/{version}/{r['kind']}" for r in resources if "/" not in r["name"]]
+    return ("--kube-version", server, *(arg for kind in kinds for arg in ("--api-versions", kind)))
+
+
+def capabilities(cluster) -> tuple[str, ...]:
+    """`helm template` flags for what `helm install` on `cluster` sees: its version and the
+    admission kinds it serves (the chart picks the trainer's token mechanism from them)."""
+    return _served(cluster.kubeconfig, cluster.binaries.path("kubectl"))
+
+
+def trainer_token_mode(cluster, values=None) -> str:
+    """The operator's --trainer-token as the chart would set it on `cluster`."""
+    (deployment,) = documents(
+        render(
+            cluster,
+            "evokube",
+            "evokube-system",
+            values,
+            show_only=["templates/deployment.yaml"],
+            live=True,
+        )
+    )
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (arg,) = [a for a in container["args"] if a.startswith("--trainer-token=")]
+    return arg.partition("=")[2]
 
 
 def documents(text: str) -> list[dict]:
@@ -93,7 +149,9 @@ def operator_policies(cluster, release: str, namespace: str, values=None) -> str
     Two releases' status guards in one namespace would each refuse the other's
     operator, so namespaces of a test's own release are left out.
     """
-    objects = documents(render(cluster, release, namespace, values, show_only=[ADMISSION_TEMPLATE]))
+    objects = documents(
+        render(cluster, release, namespace, values, show_only=[ADMISSION_TEMPLATE], live=True)
+    )
     for obj in objects:
         if obj["kind"].endswith("Binding"):
             obj["spec"]["matchResources"] = {

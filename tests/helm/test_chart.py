@@ -8,6 +8,7 @@ import json
 import pytest
 import yaml
 
+from tests.cluster.controlplane import read_versions
 from tests.helm.chart import CHART, MONITORING_APIS, REPO, documents, helm, render, value_args
 
 pytestmark = pytest.mark.cluster
@@ -219,6 +220,7 @@ def test_custom_values_reach_the_manifests(cluster):
         "--watch-timeout-seconds=120",
         "--image-pull-timeout-seconds=900",
         "--unschedulable-timeout-seconds=60",
+        "--trainer-token=host-0",
         "--namespace=team-a",
         "--namespace=team-b",
         "--default-checkpoint-location=s3://team-bucket/evokube",
@@ -281,6 +283,64 @@ def test_without_leader_election_one_recreated_replica_and_no_lease_role(cluster
     assert run.returncode != 0 and "needs operator.leaderElection.enabled" in run.stderr
 
 
+# -- Kubernetes versions (docs/helm.md, "Kubernetes versions") -----------------------------------
+ADMISSION = "admissionregistration.k8s.io"
+VAP = f"{ADMISSION}/v1/ValidatingAdmissionPolicy"
+
+
+@pytest.mark.parametrize(
+    ("kube_version", "api_versions", "mode", "policy"),
+    [
+        ("1.37.2", (), "host-0", f"{ADMISSION}/v1 MutatingAdmissionPolicy"),
+        ("1.36.0", (), "host-0", f"{ADMISSION}/v1 MutatingAdmissionPolicy"),
+        ("1.35.4", (), "every-host", f"{ADMISSION}/v1 ValidatingAdmissionPolicy"),
+        # A server's own list (helm install): what it serves, whatever its version.
+        (
+            "1.35.4",
+            (VAP, f"{ADMISSION}/v1beta1/MutatingAdmissionPolicy"),
+            "host-0",
+            f"{ADMISSION}/v1beta1 MutatingAdmissionPolicy",
+        ),
+        ("1.37.2", (VAP,), "every-host", f"{ADMISSION}/v1 ValidatingAdmissionPolicy"),
+    ],
+    ids=["1.37", "1.36", "1.35", "1.35-beta-turned-on", "1.37-turned-off"],
+)
+def test_the_trainers_token_comes_the_way_the_server_offers(
+    cluster, kube_version, api_versions, mode, policy
+):
+    objects = documents(
+        render(cluster, "rl", "ops", api_versions=api_versions, kube_version=kube_version)
+    )
+    token = {
+        f"{o['apiVersion']} {o['kind']}"
+        for o in objects
+        if o["metadata"]["name"] == "rl-evokube-trainer-token"
+    }
+    assert token == {policy, f"{policy}Binding"}
+    assert f"--trainer-token={mode}" in operator_container(objects)["args"]
+
+
+def test_a_server_older_than_the_oldest_tested_minor_is_refused(cluster):
+    """Chart.yaml's kubeVersion is the oldest pinned build's minor, the one `make test` runs."""
+    oldest = read_versions()["KUBERNETES_OLDEST_VERSION"]  # vMAJOR.MINOR.PATCH
+    major, minor, _ = (int(part) for part in oldest[1:].split("."))
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == f">={major}.{minor}.0-0"
+    render(cluster, "rl", "ops", kube_version=f"{major}.{minor}.0")
+    run = helm(
+        cluster,
+        "template",
+        "rl",
+        str(CHART),
+        "--kube-version",
+        f"{major}.{minor - 1}.9",
+        check=False,
+    )
+    assert run.returncode != 0
+    assert f"chart requires kubeVersion: >={major}.{minor}.0-0" in run.stderr
+    assert f"| {major}.{minor} |" in (REPO / "docs" / "helm.md").read_text()
+
+
 # -- against the API server ----------------------------------------------------------------------
 @pytest.mark.parametrize("variant", ["default", "custom"])
 def test_every_rendered_manifest_passes_a_server_side_dry_run(
@@ -291,7 +351,7 @@ def test_every_rendered_manifest_passes_a_server_side_dry_run(
     values = None
     if variant == "custom":
         values = custom_values([make_namespace("chart-a"), make_namespace("chart-b")], release_ns)
-    text = render(cluster, "evokube", release_ns, values, api_versions=MONITORING_APIS)
+    text = render(cluster, "evokube", release_ns, values, api_versions=MONITORING_APIS, live=True)
     objects = documents(text)
     kinds = {o["kind"] for o in objects}
     assert {"Deployment", "ServiceMonitor", "PodMonitor", "ConfigMap", "ClusterRole"} <= kinds

@@ -177,6 +177,16 @@ def test_install_waits_for_a_ready_operator_and_creates_everything(cluster, rele
     ]:
         cluster.kubectl("get", kind, name, "-n", release.namespace)
     cluster.kubectl("get", "role,rolebinding", NAME, "-n", release.watched[0])
+    # Host 0's token the way this server offers (docs/helm.md, "Kubernetes versions").
+    served = cluster.kubectl(
+        "api-resources", "--api-group=admissionregistration.k8s.io", "-o", "name"
+    ).stdout.split()
+    if "mutatingadmissionpolicies.admissionregistration.k8s.io" in served:
+        policy, notes = "mutatingadmissionpolicy", "host 0 of each gang gets an API token"
+    else:
+        policy, notes = "validatingadmissionpolicy", "every host gets an API token"
+    cluster.kubectl("get", f"{policy},{policy}binding", f"{RELEASE}-trainer-token")
+    assert notes in status, status
     assert (
         "release: kps"
         in cluster.kubectl(

@@ -189,6 +189,7 @@ def test_turned_off_the_chart_installs_no_token_policy_guard_or_network_policy(c
     (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--no-network-policy" in args
+    assert "--trainer-token=none" in args  # the operator says so on every experiment
     assert not [a for a in args if a.startswith("--metrics-from")]
 
 

@@ -11,6 +11,7 @@ from evokube_operator import api as evokube
 from evokube_operator import builders
 from evokube_operator.ownership import listing_blocker, opt_in_blocker
 from evokube_operator.spec import Reference, parse_spec
+from tests.helm.chart import trainer_token_mode
 from tests.operator.conftest import experiment_manifest
 from tests.operator.factories import experiment
 
@@ -267,10 +268,13 @@ def test_the_documented_example_runs_once_the_namespace_opted_in(k8s, cluster, n
 
 
 @pytest.mark.cluster
-def test_every_setting_passes_pod_security_restricted_once_everything_opted_in(k8s, namespace):
+def test_every_setting_passes_pod_security_restricted_once_everything_opted_in(
+    k8s, cluster, namespace
+):
     """A claim in spec.volumes opts in like the checkpoint claim; then the API server's
     PodSecurity admission ("restricted") creates the gang's pods with every setting, and
-    host 0 alone gets a token, of the account named."""
+    host 0 gets a token (every host, before Kubernetes 1.36), of the account named."""
+    every_host = trainer_token_mode(cluster) == evokube.TOKEN_EVERY_HOST
     k8s.core.patch_namespace(
         namespace,
         {
@@ -312,4 +316,5 @@ def test_every_setting_passes_pod_security_restricted_once_everything_opted_in(k
         assert pod.spec.service_account_name == "wi-trainer"
         volumes = {v.name for v in pod.spec.volumes}
         assert {"shm", "data", "conf", "keys", "bucket"} <= volumes
-        assert ("evokube-api-access" in volumes) == (index == "0")
+        # Host 0's alone, or every host's where no MutatingAdmissionPolicy is served.
+        assert ("evokube-api-access" in volumes) == (index == "0" or every_host)

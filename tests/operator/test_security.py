@@ -14,8 +14,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from evokube_operator import api, builders
+from evokube_operator.api import NO_TOKEN, REASON_PROGRESS_NOT_REPORTED
 from evokube_operator.cli import parse_args
 from evokube_operator.spec import parse_spec
+from tests.helm.chart import ADMISSION_TEMPLATE, documents, render, trainer_token_mode
 from tests.operator.conftest import (
     GROUP,
     OPERATOR_NAMESPACE,
@@ -25,6 +27,7 @@ from tests.operator.conftest import (
     apply_quotas,
     documented_tenant_quotas,
     experiment_manifest,
+    stand_in,
 )
 from tests.operator.factories import GPU, TPU, experiment
 
@@ -33,9 +36,10 @@ MONITORING = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name
 CPU = {"type": "cpu"}
 
 
-def pod_spec(accelerator, **spec):
+def pod_spec(accelerator, trainer_token=api.TOKEN_HOST_0, **spec):
     exp = experiment(accelerator=accelerator, **spec)
-    return builders.job(exp, parse_spec(exp.spec), 0)["spec"]["template"]["spec"]
+    job = builders.job(exp, parse_spec(exp.spec), 0, trainer_token=trainer_token)
+    return job["spec"]["template"]["spec"]
 
 
 # -- pure ------------------------------------------------------------------------------------------
@@ -73,11 +77,21 @@ def test_the_trainer_writes_only_to_its_scratch_volume_and_checkpoints():
     assert set(mounts) - read_only == {"/tmp", "/checkpoints"}
 
 
-def test_no_pod_gets_a_token_from_the_builder():
-    assert pod_spec(CPU)["automountServiceAccountToken"] is False
-    assert not any(
-        TOKEN_DIR in m["mountPath"] for m in pod_spec(CPU)["containers"][0]["volumeMounts"]
-    )
+@pytest.mark.parametrize("mode", [api.TOKEN_HOST_0, api.TOKEN_NONE])
+def test_no_pod_gets_a_token_from_the_builder(mode):
+    pod = pod_spec(CPU, mode)
+    assert pod["automountServiceAccountToken"] is False
+    assert not any(TOKEN_DIR in m["mountPath"] for m in pod["containers"][0]["volumeMounts"])
+    assert api.TOKEN_VOLUME not in {v["name"] for v in pod["volumes"]}
+
+
+def test_every_host_gets_the_token_volume_from_the_builder_where_no_policy_can():
+    """--trainer-token=every-host (no MutatingAdmissionPolicy served): the template mounts it."""
+    pod = pod_spec(CPU, api.TOKEN_EVERY_HOST)
+    assert pod["automountServiceAccountToken"] is False
+    mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts[TOKEN_DIR] == {"name": api.TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True}
+    assert builders.token_volume() in pod["volumes"]
 
 
 def test_the_network_policy_admits_the_gang_and_the_metrics_peers_only():
@@ -155,9 +169,12 @@ def pods_by_index(k8s, namespace, name, job):
     ],
     ids=["cpu", "gpu", "tpu"],
 )
-def test_pod_security_admits_the_gang_and_only_host_0_gets_a_token(
-    k8s, namespace, accelerator, hosts, level
+def test_pod_security_admits_the_gang_and_the_token_goes_where_the_chart_says(
+    k8s, cluster, namespace, accelerator, hosts, level
 ):
+    """Host 0 alone where a MutatingAdmissionPolicy is served (Kubernetes 1.36+); every host
+    before (the next test: only host 0's token may write)."""
+    holders = {0} if trainer_token_mode(cluster) == api.TOKEN_HOST_0 else set(range(hosts))
     enforce(k8s, namespace, level)
     k8s.apply(experiment_manifest("guarded", namespace, accelerator=accelerator))
     status = k8s.wait_running_gang(namespace, "guarded", hosts)
@@ -170,7 +187,7 @@ def test_pod_security_admits_the_gang_and_only_host_0_gets_a_token(
         assert pod.spec.automount_service_account_token is False
         mounts = {m.mount_path: m for m in container.volume_mounts}
         token_volumes = [v for v in pod.spec.volumes if v.projected is not None]
-        if index == 0:  # the chart's MutatingAdmissionPolicy
+        if index in holders:  # the chart's MutatingAdmissionPolicy, or the Job's template
             assert mounts[TOKEN_DIR].read_only is True
             (volume,) = token_volumes
             assert mounts[TOKEN_DIR].name == volume.name == "evokube-api-access"
@@ -284,6 +301,87 @@ def test_the_trainer_may_write_progress_and_result_but_cannot_forge_the_rest_of_
 
 
 RESULT = {"bestReturn": -150.5, "generation": 6, "policyURI": "/checkpoints/policies/best"}
+
+
+@pytest.fixture
+def every_host_policy(cluster, namespace):
+    """The chart's policy for servers without MutatingAdmissionPolicy (rendered for the oldest
+    supported minor), bound to `namespace`: on any server, as on that one."""
+    objects = [
+        o
+        for o in documents(
+            render(
+                cluster,
+                "tokens",
+                OPERATOR_NAMESPACE,
+                show_only=[ADMISSION_TEMPLATE],
+                kube_version="1.35.0",
+            )
+        )
+        if o["metadata"]["name"] == "tokens-evokube-trainer-token"
+    ]
+    assert [o["kind"] for o in objects] == [
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]
+    objects[1]["spec"]["matchResources"] = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    }
+    text = yaml.safe_dump_all(objects)
+    cluster.kubectl("apply", "-f", "-", input=text)
+    yield
+    cluster.kubectl("delete", "-f", "-", input=text, check=False)
+
+
+@pytest.mark.cluster
+def test_where_every_host_holds_a_token_only_host_0s_may_write_status(
+    k8s, cluster, namespace, every_host_policy
+):
+    k8s.apply(experiment_manifest("gang", namespace, accelerator={"type": "cpu", "hosts": 4}))
+    status = k8s.wait_running_gang(namespace, "gang", 4)
+    pods = pods_by_index(k8s, namespace, "gang", status["jobName"])
+    progress = {"status": {"progress": {"generation": 3, "bestFitness": 0.5}}}
+
+    def patch(index):
+        trainer = trainer_client(k8s, cluster, namespace, "gang", pods[index])
+        try:
+            return client.CustomObjectsApi(trainer).patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, "gang", progress
+            )
+        finally:
+            trainer.close()
+
+    def refused(index) -> str | None:
+        try:
+            patch(index)
+        except ApiException as err:
+            assert err.status in (403, 422), err.body
+            return json.loads(err.body)["message"]
+        return None
+
+    for index in (1, 2, 3):  # a new policy takes a moment to reach the API server's admission
+        message = k8s.wait(lambda i=index: refused(i), f"host {index}'s write refused")
+        assert f"pod {pods[index].metadata.name} may not change the status" in message
+        assert f"only host 0 of Job {status['jobName']}" in message
+    patch(0)
+    assert k8s.status(namespace, "gang")["progress"] == {"generation": 3, "bestFitness": 0.5}
+
+
+@pytest.mark.cluster
+def test_without_a_token_each_experiment_is_told_progress_is_not_reported(
+    cluster, api, operator, operator_kubeconfig, namespace
+):
+    """admission.trainerToken false: the chart runs the operator with --trainer-token=none."""
+    with stand_in(
+        cluster, api, operator, operator_kubeconfig, namespace, "tokenless", "--trainer-token=none"
+    ) as k8s:
+        k8s.apply(experiment_manifest("quiet", namespace))
+        k8s.wait_event(namespace, "quiet", REASON_PROGRESS_NOT_REPORTED)
+        (event,) = k8s.core.list_namespaced_event(
+            namespace,
+            field_selector=f"involvedObject.name=quiet,reason={REASON_PROGRESS_NOT_REPORTED}",
+        ).items
+        assert (event.type, event.message) == ("Warning", NO_TOKEN)
 
 
 @pytest.mark.cluster

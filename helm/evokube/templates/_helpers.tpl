@@ -154,3 +154,39 @@ matchResources:
 matchResources: {}
 {{- end }}
 {{- end -}}
+
+{{/*
+The MutatingAdmissionPolicy version the server serves: admissionregistration.k8s.io/v1
+(Kubernetes 1.36+), v1beta1 where a 1.34 or 1.35 server has it turned on, else empty.
+Every supported server lists ValidatingAdmissionPolicy (GA in 1.30); where the list
+lacks it, no server was asked (`helm template`): then the Kubernetes version
+(--kube-version) decides.
+*/}}
+{{- define "evokube.mutatingPolicyVersion" -}}
+{{- $apis := .Capabilities.APIVersions -}}
+{{- if $apis.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" -}}
+{{- if $apis.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" -}}
+admissionregistration.k8s.io/v1
+{{- else if $apis.Has "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy" -}}
+admissionregistration.k8s.io/v1beta1
+{{- end -}}
+{{- else if semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version -}}
+admissionregistration.k8s.io/v1
+{{- end -}}
+{{- end -}}
+
+{{/*
+Which trainer hosts hold an API token for status.progress and status.result: the
+operator's --trainer-token. host-0: a MutatingAdmissionPolicy mounts it into host 0;
+every-host (no MutatingAdmissionPolicy served): the Job mounts it everywhere and a
+ValidatingAdmissionPolicy lets host 0 alone write; none: admission.trainerToken false.
+*/}}
+{{- define "evokube.trainerTokenMode" -}}
+{{- if not .Values.admission.trainerToken -}}
+none
+{{- else if include "evokube.mutatingPolicyVersion" . -}}
+host-0
+{{- else -}}
+every-host
+{{- end -}}
+{{- end -}}
