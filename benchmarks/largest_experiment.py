@@ -4,8 +4,8 @@ Every bounded list, map and string of the pod settings (affinity, env, envFrom, 
 volumeMounts, tolerations, nodeSelector, podLabels, podAnnotations, imagePullSecrets) is at
 its maxItems, maxProperties and maxLength, each value distinct (nothing shared in memory).
 What it leaves smaller, so that the gang is admitted and scheduled on kwok's nodes: resources
-names only cpu, memory and ephemeral-storage (hugepages and extended resources would need
-nodes that have them), and no serviceAccountName, priorityClassName or queueName (each needs an
+names only cpu and memory (ephemeral-storage, hugepages and extended resources would need nodes
+that have them), and no serviceAccountName, priorityClassName or queueName (each needs an
 object of the cluster). Its pods need the node labels `NODE_LABELS` and the namespace the
 listing annotations of `namespace_annotations()`; `tests/crd_size.py` says how close to the
 CRD's bound it comes.
@@ -123,7 +123,7 @@ def _mount_path(i: int) -> str:
     return path + "/" + "e" * (512 - len(path) - 1)
 
 
-def largest_experiment(name: str, namespace: str, image: str) -> dict[str, Any]:
+def largest_experiment(name: str, namespace: str, image: str, hosts: int = 4) -> dict[str, Any]:
     pod_labels = {label_key(f"pl{i:02d}"): label_value(f"pl{i:02d}") for i in range(16)}
     spec: dict[str, Any] = {
         "image": image,
@@ -131,10 +131,10 @@ def largest_experiment(name: str, namespace: str, image: str) -> dict[str, Any]:
         "environment": {"name": "gymnax/Pendulum-v1"},
         "population": {"size": 64},
         "stopping": {"maxGenerations": 10},
-        "accelerator": {"type": "cpu", "hosts": 4},
+        "accelerator": {"type": "cpu", "hosts": hosts},
         "resources": {
-            "requests": {"cpu": "100m", "memory": "64Mi", "ephemeral-storage": "1Gi"},
-            "limits": {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "2Gi"},
+            "requests": {"cpu": "100m", "memory": "64Mi"},
+            "limits": {"cpu": "1", "memory": "1Gi"},
         },
         "nodeSelector": NODE_LABELS,
         "tolerations": [

@@ -3,6 +3,8 @@
     .venv/bin/python -m benchmarks.operator_scale --experiments 100 500
     .venv/bin/python -m benchmarks.operator_scale --experiments 1000 --timeout 900 \
         --operator-args --workers 16
+    .venv/bin/python -m benchmarks.operator_scale --experiments 1000 --largest --delete \
+        --timeout 3000
 
 For each N the script starts a fresh test control plane (tests/cluster, through its command
 line `python -m tests.cluster`: benchmarks do not import the tests) with enough fake CPU nodes
@@ -20,6 +22,14 @@ experiment (its counter, by verb), and the API server's count of writes to erlex
 (Kopf's annotation patches and the operator's status patches) per experiment. Once all are
 Running, every experiment gets one `status.progress` merge patch, as the trainer's
 StatusReporter sends it, and the script counts the reconciles that follow (per patch).
+
+`--largest` creates experiments near the largest size the CRD admits
+(benchmarks/largest_experiment.py: about 220 KiB of spec each) of one host each (their Jobs
+and pods are each twice that size again, and etcd holds all of them), after labelling the
+nodes and annotating the namespace as they need. `--delete` then deletes every experiment,
+waits until their pods are gone and the operator is quiet, and samples its RSS again: what it
+keeps of deleted experiments. The operator's RSS is reported at start, at its peak, once
+loaded (before deleting) and after deleting.
 """
 
 from __future__ import annotations
@@ -39,21 +49,25 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks._common import REPO, free_port, load, print_header, print_row, wait_until
+from benchmarks.largest_experiment import NODE_LABELS, largest_experiment, namespace_annotations
 from evokube_contract import API_VERSION, GROUP, KIND, LABEL_EXPERIMENT, PLURAL, VERSION
 from evokube_operator.decide import JOB_EVENTS_GRACE_SECONDS
 
 NAMESPACE = "scale"
 HOSTS = 4
 PODS_PER_NODE = 110
+IMAGE = "ghcr.io/evokube/trainer-cpu:0.1.0"
 
 
-def experiment(name: str) -> dict:
+def experiment(name: str, largest: bool = False) -> dict:
+    if largest:
+        return largest_experiment(name, NAMESPACE, IMAGE, hosts=1)
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
         "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {
-            "image": "ghcr.io/evokube/trainer-cpu:0.1.0",
+            "image": IMAGE,
             "algorithm": {"name": "openes"},
             "environment": {"name": "gymnax/Pendulum-v1"},
             "population": {"size": 64},
@@ -212,9 +226,29 @@ def watch(plane: Cluster, path: str, on_event, stop: threading.Event) -> threadi
     return thread
 
 
+def delete_all(plane: Cluster, sampler: ProcSampler, url: str) -> int:
+    """Delete every experiment, wait until their pods are gone (owner references) and the
+    operator has been quiet for 30 s, then sample its RSS: what it still holds of them."""
+    plane.kubectl("delete", PLURAL, "--all", "-n", NAMESPACE, "--wait=false")
+
+    def gone() -> bool:
+        time.sleep(2.0)  # thousands of objects to list: not every 0.2 s
+        left = plane.kubectl("get", f"{PLURAL},jobs,pods", "-n", NAMESPACE, "-o", "name")
+        return not left.stdout.strip()
+
+    wait_until(gone, 1800, "the experiments, their Jobs and pods to be deleted")
+    count, quiet_since = reconcile_count(url), time.monotonic()
+    while time.monotonic() - quiet_since < 30:
+        time.sleep(1.0)
+        if (now := reconcile_count(url)) != count:
+            count, quiet_since = now, time.monotonic()
+    return sampler.rss()
+
+
 def run_scale(n: int, args: argparse.Namespace) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix=f"evokube-scale-{n}-"))
-    up = [f"--pool-size=cpu={-(-n * HOSTS // PODS_PER_NODE) + 1}"]  # every gang fits, and one
+    hosts = 1 if args.largest else HOSTS
+    up = [f"--pool-size=cpu={-(-n * hosts // PODS_PER_NODE) + 1}"]  # every gang fits, and one
     if args.controller_manager_qps:
         up.append(f"--controller-manager-qps={args.controller_manager_qps}")
     plane = Cluster(workdir, *up)  # its nodes are Ready
@@ -225,6 +259,11 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
         wait_until(lambda: plane.established(crd), 60, "the CRD to be Established")
         plane.kubectl("create", "namespace", NAMESPACE)
         plane.kubectl("wait", "--for=create", "--timeout=30s", "sa/default", "-n", NAMESPACE)
+        if args.largest:  # what its nodeSelector, pod affinity and references need
+            labels = [f"{k}={v}" for k, v in NODE_LABELS.items()]
+            plane.kubectl("label", "nodes", "--all", "--overwrite", *labels)
+            listed = [f"{k}={v}" for k, v in namespace_annotations().items()]
+            plane.kubectl("annotate", "namespace", NAMESPACE, "--overwrite", *listed)
 
         port = free_port()
         log_path = workdir / "operator.log"
@@ -280,6 +319,7 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
         )
         time.sleep(1.0)
         sampler = ProcSampler(operator.pid)
+        rss_start = sampler.rss()
         sampler.start()
         # Where else the CPU goes: the control plane's own processes.
         others = {
@@ -300,7 +340,7 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
         def create(index: int) -> None:
             api = client.CustomObjectsApi(api_clients[index % args.clients])
             api.create_namespaced_custom_object(
-                GROUP, VERSION, NAMESPACE, PLURAL, experiment(names[index])
+                GROUP, VERSION, NAMESPACE, PLURAL, experiment(names[index], args.largest)
             )
             now = time.monotonic()
             with lock:
@@ -340,6 +380,8 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
             list(pool.map(progress, range(n)))
         time.sleep(5.0)
         progress_reconciles = reconcile_count(url) - reconciles_before
+        rss_loaded = sampler.rss()
+        rss_deleted = delete_all(plane, sampler, url) if args.delete else float("nan")
         cpu_s, wall_s = sampler.stop()
         other_cpu = {name: other.stop()[0] / wall_s for name, other in others.items()}
         api_rate = (sum(apiserver_writes(plane, every=True).values()) - requests_before) / wall_s
@@ -378,6 +420,9 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
             "run_max": max(to_running, default=float("nan")),
             "settle_s": settle_s,
             "rss_mib": sampler.peak_rss / 2**20,
+            "rss_start_mib": rss_start / 2**20,
+            "rss_loaded_mib": rss_loaded / 2**20,
+            "rss_deleted_mib": rss_deleted / 2**20,
             "cpu_s": cpu_s,
             "cpu_share": cpu_s / wall_s,
             "reconciles": reconciles,
@@ -412,6 +457,12 @@ def main(argv=None) -> None:
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait per N")
     parser.add_argument("--keep", action="store_true", help="leave each cluster running")
     parser.add_argument(
+        "--largest", action="store_true", help="experiments near the largest the CRD admits"
+    )
+    parser.add_argument(
+        "--delete", action="store_true", help="delete them all, then sample the RSS again"
+    )
+    parser.add_argument(
         "--controller-manager-qps",
         type=int,
         default=None,
@@ -424,6 +475,7 @@ def main(argv=None) -> None:
     print(f"# {os.cpu_count()} CPUs; load average at start {load():.2f}", flush=True)
     print(f"# operator args: {' '.join(args.operator_args) or '(defaults)'}", flush=True)
     print(f"# kube-controller-manager QPS: {args.controller_manager_qps or '20 (default)'}")
+    print(f"# experiments: {'largest, 1 host' if args.largest else f'small, {HOSTS} hosts'}")
     rows = []
     for n in args.experiments:
         row = run_scale(n, args)
@@ -435,7 +487,7 @@ def main(argv=None) -> None:
         "Job p50 / p99 / max s",
         "reached Running",
         "Running p50 / p99 / max s",
-        "operator peak RSS MiB",
+        "operator RSS MiB: start / peak / loaded / after delete",
         "operator CPU s (share)",
         "reconciles / errors",
         "operator API requests per exp.",
@@ -455,7 +507,8 @@ def main(argv=None) -> None:
             f"{r['job_p50']:.2f} / {r['job_p99']:.2f} / {r['job_max']:.2f}",
             f"{r['running']}/{r['n']}",
             f"{r['run_p50']:.1f} / {r['run_p99']:.1f} / {r['run_max']:.1f}",
-            f"{r['rss_mib']:.0f}",
+            f"{r['rss_start_mib']:.0f} / {r['rss_mib']:.0f} / {r['rss_loaded_mib']:.0f}"
+            f" / {r['rss_deleted_mib']:.0f}",
             f"{r['cpu_s']:.0f} ({r['cpu_share']:.0%})",
             f"{r['reconciles']:.0f} / {r['errors']:.0f}",
             req,

@@ -51,6 +51,7 @@ def test_the_largest_experiment_is_valid_near_the_bound_and_its_job_fits():
     assert errors == []
     size = len(json.dumps(checked["spec"], separators=(",", ":")))
     assert size > 0.8 * bounds(1)[0]
+    assert f"{size:,} characters" in (REPO / "docs" / "security.md").read_text()
     meta = {**checked["metadata"], "uid": "u" * 36, "generation": 1, "resourceVersion": "1"}
     exp = Experiment.from_body({**checked, "metadata": meta})
     annotations = builders.job(exp, parse_spec(exp.spec), 0)["spec"]["template"]["metadata"][
