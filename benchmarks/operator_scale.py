@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.operator_scale --experiments 100 500
     .venv/bin/python -m benchmarks.operator_scale --experiments 1000 --timeout 900 \
         --operator-args --workers 16
-    .venv/bin/python -m benchmarks.operator_scale --experiments 1000 --largest --delete \
+    .venv/bin/python -m benchmarks.operator_scale --experiments 1000 --largest --restart --delete \
         --timeout 3000
 
 For each N the script starts a fresh test control plane (tests/cluster, through its command
@@ -28,8 +28,10 @@ StatusReporter sends it, and the script counts the reconciles that follow (per p
 and pods are each twice that size again, and etcd holds all of them), after labelling the
 nodes and annotating the namespace as they need. `--delete` then deletes every experiment,
 waits until their pods are gone and the operator is quiet, and samples its RSS again: what it
-keeps of deleted experiments. The operator's RSS is reported at start, at its peak, once
-loaded (before deleting) and after deleting.
+keeps of deleted experiments. `--restart` first restarts the operator among them all (a new
+leader lists every experiment, Job and pod and reconciles each) and samples its peak. The
+operator's RSS is reported at start, at its peak, once loaded, at the restarted one's peak and
+after deleting.
 """
 
 from __future__ import annotations
@@ -226,9 +228,18 @@ def watch(plane: Cluster, path: str, on_event, stop: threading.Event) -> threadi
     return thread
 
 
-def delete_all(plane: Cluster, sampler: ProcSampler, url: str) -> int:
+def wait_quiet(url: str, seconds: float = 30.0) -> None:
+    """Until the operator has reconciled nothing for `seconds`."""
+    count, quiet_since = reconcile_count(url), time.monotonic()
+    while time.monotonic() - quiet_since < seconds:
+        time.sleep(1.0)
+        if (now := reconcile_count(url)) != count:
+            count, quiet_since = now, time.monotonic()
+
+
+def delete_all(plane: Cluster, pid: int, url: str) -> int:
     """Delete every experiment, wait until their pods are gone (owner references) and the
-    operator has been quiet for 30 s, then sample its RSS: what it still holds of them."""
+    operator is quiet, then sample its RSS: what it still holds of them."""
     plane.kubectl("delete", PLURAL, "--all", "-n", NAMESPACE, "--wait=false")
 
     def gone() -> bool:
@@ -237,12 +248,8 @@ def delete_all(plane: Cluster, sampler: ProcSampler, url: str) -> int:
         return not left.stdout.strip()
 
     wait_until(gone, 1800, "the experiments, their Jobs and pods to be deleted")
-    count, quiet_since = reconcile_count(url), time.monotonic()
-    while time.monotonic() - quiet_since < 30:
-        time.sleep(1.0)
-        if (now := reconcile_count(url)) != count:
-            count, quiet_since = now, time.monotonic()
-    return sampler.rss()
+    wait_quiet(url)
+    return ProcSampler(pid).rss()
 
 
 def run_scale(n: int, args: argparse.Namespace) -> dict:
@@ -278,9 +285,11 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
             "--leader-election-namespace=default",  # the Lease (a write every 2 s)
             *args.operator_args,
         ]
-        with log_path.open("w") as log:
-            operator = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
+
+        def start_operator() -> subprocess.Popen:
+            with log_path.open("a") as log:
+                return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 
         def ready():
             try:
@@ -288,6 +297,7 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
             except OSError:
                 return False
 
+        operator = start_operator()
         wait_until(ready, 60, f"the operator to become ready (log: {log_path})")
         writes_before = apiserver_writes(plane)
 
@@ -381,7 +391,6 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
         time.sleep(5.0)
         progress_reconciles = reconcile_count(url) - reconciles_before
         rss_loaded = sampler.rss()
-        rss_deleted = delete_all(plane, sampler, url) if args.delete else float("nan")
         cpu_s, wall_s = sampler.stop()
         other_cpu = {name: other.stop()[0] / wall_s for name, other in others.items()}
         api_rate = (sum(apiserver_writes(plane, every=True).values()) - requests_before) / wall_s
@@ -405,6 +414,18 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
         exp_writes.pop("POST", None)  # the benchmark's own creates
         exp_writes["PATCH/status"] = exp_writes.get("PATCH/status", 0) - n  # and progress
         log_text = log_path.read_text(errors="replace")
+        rss_restart = float("nan")
+        if args.restart:  # a new leader lists every experiment, Job and pod, and reconciles all
+            operator.terminate()
+            operator.wait(60)
+            operator = start_operator()
+            restarted = ProcSampler(operator.pid, interval=0.2)
+            restarted.start()
+            wait_until(ready, 300, f"the restarted operator to become ready (log: {log_path})")
+            wait_quiet(url)
+            restarted.stop()
+            rss_restart = restarted.peak_rss
+        rss_deleted = delete_all(plane, operator.pid, url) if args.delete else float("nan")
         to_job = [job_at[k] - created[k] for k in created if k in job_at]
         to_running = [running_at[k] - created[k] for k in created if k in running_at]
         return {
@@ -422,6 +443,7 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
             "rss_mib": sampler.peak_rss / 2**20,
             "rss_start_mib": rss_start / 2**20,
             "rss_loaded_mib": rss_loaded / 2**20,
+            "rss_restart_mib": rss_restart / 2**20,
             "rss_deleted_mib": rss_deleted / 2**20,
             "cpu_s": cpu_s,
             "cpu_share": cpu_s / wall_s,
@@ -460,6 +482,11 @@ def main(argv=None) -> None:
         "--largest", action="store_true", help="experiments near the largest the CRD admits"
     )
     parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="then restart the operator: its peak RSS while it lists and reconciles them all",
+    )
+    parser.add_argument(
         "--delete", action="store_true", help="delete them all, then sample the RSS again"
     )
     parser.add_argument(
@@ -487,7 +514,7 @@ def main(argv=None) -> None:
         "Job p50 / p99 / max s",
         "reached Running",
         "Running p50 / p99 / max s",
-        "operator RSS MiB: start / peak / loaded / after delete",
+        "operator RSS MiB: start / peak / loaded / restarted peak / after delete",
         "operator CPU s (share)",
         "reconciles / errors",
         "operator API requests per exp.",
@@ -508,7 +535,7 @@ def main(argv=None) -> None:
             f"{r['running']}/{r['n']}",
             f"{r['run_p50']:.1f} / {r['run_p99']:.1f} / {r['run_max']:.1f}",
             f"{r['rss_start_mib']:.0f} / {r['rss_mib']:.0f} / {r['rss_loaded_mib']:.0f}"
-            f" / {r['rss_deleted_mib']:.0f}",
+            f" / {r['rss_restart_mib']:.0f} / {r['rss_deleted_mib']:.0f}",
             f"{r['cpu_s']:.0f} ({r['cpu_share']:.0%})",
             f"{r['reconciles']:.0f} / {r['errors']:.0f}",
             req,

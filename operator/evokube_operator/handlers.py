@@ -35,6 +35,7 @@ from evokube_operator.options import Options, client_configuration
 from evokube_operator.reconcile import Reconciler
 
 OWNED = {api.LABEL_EXPERIMENT: kopf.PRESENT}
+LIST_CHUNK = 100  # objects per page of the first listing
 STOP_SECONDS = 10.0  # for the reconciles in flight at shutdown, before the Lease is released
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = int(options.watch_timeout_seconds)
     settings.watching.client_timeout = options.watch_timeout_seconds + 10
+    # The first listing in pages: a new leader among a thousand large experiments (and their
+    # Jobs and pods, which carry the manifest) never holds them all at once.
+    settings.watching.chunk_size = LIST_CHUNK
     # Only our own Jobs and pods travel from the API server.
     managed = f"{api.LABEL_MANAGED_BY}={api.MANAGED_BY}"
     settings.watching.label_selectors["batch", "v1", "jobs"] = managed
