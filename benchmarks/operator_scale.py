@@ -415,16 +415,28 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
         exp_writes["PATCH/status"] = exp_writes.get("PATCH/status", 0) - n  # and progress
         log_text = log_path.read_text(errors="replace")
         rss_restart = float("nan")
+        print(
+            f"# loaded: RSS start {rss_start / 2**20:.0f} MiB, peak {sampler.peak_rss / 2**20:.0f}"
+            f", loaded {rss_loaded / 2**20:.0f}",
+            flush=True,
+        )
         if args.restart:  # a new leader lists every experiment, Job and pod, and reconciles all
             operator.terminate()
             operator.wait(60)
             operator = start_operator()
             restarted = ProcSampler(operator.pid, interval=0.2)
             restarted.start()
-            wait_until(ready, 300, f"the restarted operator to become ready (log: {log_path})")
-            wait_quiet(url)
-            restarted.stop()
+            try:
+                wait_until(ready, 300, f"the restarted operator to become ready ({log_path})")
+                wait_quiet(url)
+            except (OSError, RuntimeError) as err:  # it may lose its Lease under load, and exit
+                print(f"# the restarted operator failed: {err}", flush=True)
+            restarted.stop_event.set()  # not stop(): its CPU time is gone with a dead process
+            restarted.join()
             rss_restart = restarted.peak_rss
+            if operator.poll() is not None:  # measure the deletion with a running one
+                operator = start_operator()
+                wait_until(ready, 300, f"the operator to become ready again ({log_path})")
         rss_deleted = delete_all(plane, operator.pid, url) if args.delete else float("nan")
         to_job = [job_at[k] - created[k] for k in created if k in job_at]
         to_running = [running_at[k] - created[k] for k in created if k in running_at]

@@ -36,6 +36,7 @@ from evokube_operator.reconcile import Reconciler
 
 OWNED = {api.LABEL_EXPERIMENT: kopf.PRESENT}
 LIST_CHUNK = 100  # objects per page of the first listing
+IDLE_WORKER_SECONDS = 0.2
 STOP_SECONDS = 10.0  # for the reconciles in flight at shutdown, before the Lease is released
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
     # The first listing in pages: a new leader among a thousand large experiments (and their
     # Jobs and pods, which carry the manifest) never holds them all at once.
     settings.watching.chunk_size = LIST_CHUNK
+    # Kopf's per-object worker holds its last event (the whole object) until it exits idle:
+    # 5 s by default, which during a launch is every object's body at once.
+    settings.queueing.idle_timeout = IDLE_WORKER_SECONDS
     # Only our own Jobs and pods travel from the API server.
     managed = f"{api.LABEL_MANAGED_BY}={api.MANAGED_BY}"
     settings.watching.label_selectors["batch", "v1", "jobs"] = managed
