@@ -108,8 +108,11 @@ class Reconciler:
         self._memory.pop(key, None)
 
     def _freshest(self, key: Key, cached: dict[str, Any]) -> dict[str, Any]:
-        """The watch cache's copy, unless our own last write is newer than it."""
-        written = self._memory.setdefault(key, _Memory()).last_written
+        """The watch cache's copy, unless our own last write is newer than it. Once the cache
+        has caught up, our copy is dropped: a second copy of every experiment's spec would
+        double what the operator holds."""
+        memory = self._memory.setdefault(key, _Memory())
+        written = memory.last_written
         if written is None:
             return cached
         meta = cached["metadata"]
@@ -117,7 +120,10 @@ class Reconciler:
         newer = _resource_version(written.resource_version) > _resource_version(
             meta.get("resourceVersion")
         )
-        return written.body() if same_object and newer else cached
+        if same_object and newer:
+            return written.body()
+        memory.last_written = None
+        return cached
 
     def reconcile(
         self,

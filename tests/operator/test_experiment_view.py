@@ -89,5 +89,9 @@ def test_the_reconciler_keeps_a_view_of_its_writes_and_forgets_a_deleted_experim
     assert written.body()["status"]["phase"] == api.RUNNING
     assert "annotations" not in written.body()["metadata"]
 
+    # Once the watch has delivered that write, the reconciler keeps no copy of its own.
+    rec.reconcile(KEY, copy.deepcopy(kube.experiment), (job(0),), gang(1))
+    assert rec._memory[KEY].last_written is None
+
     assert rec.reconcile(KEY, None, (), ()).phase is None  # the watch saw it deleted
     assert KEY not in rec._memory
