@@ -217,7 +217,9 @@ def watch(plane: Cluster, path: str, on_event, stop: threading.Event) -> threadi
                 text=True,
             )
             for line in proc.stdout:
-                on_event(json.loads(line), time.monotonic())
+                event = json.loads(line)
+                if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):  # not ERROR's Status
+                    on_event(event, time.monotonic())
                 if stop.is_set():
                     break
             proc.kill()
