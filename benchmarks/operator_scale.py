@@ -3,6 +3,8 @@
     .venv/bin/python -m benchmarks.operator_scale --experiments 100 500
     .venv/bin/python -m benchmarks.operator_scale --experiments 1000 --timeout 900 \
         --operator-args --workers 16
+    .venv/bin/python -m benchmarks.operator_scale --experiments 1000 --largest --restart --delete \
+        --timeout 3000
 
 For each N the script starts a fresh test control plane (tests/cluster, through its command
 line `python -m tests.cluster`: benchmarks do not import the tests) with enough fake CPU nodes
@@ -20,6 +22,16 @@ experiment (its counter, by verb), and the API server's count of writes to erlex
 (Kopf's annotation patches and the operator's status patches) per experiment. Once all are
 Running, every experiment gets one `status.progress` merge patch, as the trainer's
 StatusReporter sends it, and the script counts the reconciles that follow (per patch).
+
+`--largest` creates experiments near the largest size the CRD admits
+(benchmarks/largest_experiment.py: about 220 KiB of spec each) of one host each (their Jobs
+and pods are each twice that size again, and etcd holds all of them), after labelling the
+nodes and annotating the namespace as they need. `--delete` then deletes every experiment,
+waits until their pods are gone and the operator is quiet, and samples its RSS again: what it
+keeps of deleted experiments. `--restart` first restarts the operator among them all (a new
+leader lists every experiment, Job and pod and reconciles each) and samples its peak. The
+operator's RSS is reported at start, at its peak, once loaded, at the restarted one's peak and
+after deleting.
 """
 
 from __future__ import annotations
@@ -39,21 +51,25 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks._common import REPO, free_port, load, print_header, print_row, wait_until
+from benchmarks.largest_experiment import NODE_LABELS, largest_experiment, namespace_annotations
 from evokube_contract import API_VERSION, GROUP, KIND, LABEL_EXPERIMENT, PLURAL, VERSION
 from evokube_operator.decide import JOB_EVENTS_GRACE_SECONDS
 
 NAMESPACE = "scale"
 HOSTS = 4
 PODS_PER_NODE = 110
+IMAGE = "ghcr.io/evokube/trainer-cpu:0.1.0"
 
 
-def experiment(name: str) -> dict:
+def experiment(name: str, largest: bool = False) -> dict:
+    if largest:
+        return largest_experiment(name, NAMESPACE, IMAGE, hosts=1)
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
         "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {
-            "image": "ghcr.io/evokube/trainer-cpu:0.1.0",
+            "image": IMAGE,
             "algorithm": {"name": "openes"},
             "environment": {"name": "gymnax/Pendulum-v1"},
             "population": {"size": 64},
@@ -201,7 +217,9 @@ def watch(plane: Cluster, path: str, on_event, stop: threading.Event) -> threadi
                 text=True,
             )
             for line in proc.stdout:
-                on_event(json.loads(line), time.monotonic())
+                event = json.loads(line)
+                if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):  # not ERROR's Status
+                    on_event(event, time.monotonic())
                 if stop.is_set():
                     break
             proc.kill()
@@ -212,9 +230,34 @@ def watch(plane: Cluster, path: str, on_event, stop: threading.Event) -> threadi
     return thread
 
 
+def wait_quiet(url: str, seconds: float = 30.0) -> None:
+    """Until the operator has reconciled nothing for `seconds`."""
+    count, quiet_since = reconcile_count(url), time.monotonic()
+    while time.monotonic() - quiet_since < seconds:
+        time.sleep(1.0)
+        if (now := reconcile_count(url)) != count:
+            count, quiet_since = now, time.monotonic()
+
+
+def delete_all(plane: Cluster, pid: int, url: str) -> int:
+    """Delete every experiment, wait until their pods are gone (owner references) and the
+    operator is quiet, then sample its RSS: what it still holds of them."""
+    plane.kubectl("delete", PLURAL, "--all", "-n", NAMESPACE, "--wait=false")
+
+    def gone() -> bool:
+        time.sleep(2.0)  # thousands of objects to list: not every 0.2 s
+        left = plane.kubectl("get", f"{PLURAL},jobs,pods", "-n", NAMESPACE, "-o", "name")
+        return not left.stdout.strip()
+
+    wait_until(gone, 1800, "the experiments, their Jobs and pods to be deleted")
+    wait_quiet(url)
+    return ProcSampler(pid).rss()
+
+
 def run_scale(n: int, args: argparse.Namespace) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix=f"evokube-scale-{n}-"))
-    up = [f"--pool-size=cpu={-(-n * HOSTS // PODS_PER_NODE) + 1}"]  # every gang fits, and one
+    hosts = 1 if args.largest else HOSTS
+    up = [f"--pool-size=cpu={-(-n * hosts // PODS_PER_NODE) + 1}"]  # every gang fits, and one
     if args.controller_manager_qps:
         up.append(f"--controller-manager-qps={args.controller_manager_qps}")
     plane = Cluster(workdir, *up)  # its nodes are Ready
@@ -225,6 +268,11 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
         wait_until(lambda: plane.established(crd), 60, "the CRD to be Established")
         plane.kubectl("create", "namespace", NAMESPACE)
         plane.kubectl("wait", "--for=create", "--timeout=30s", "sa/default", "-n", NAMESPACE)
+        if args.largest:  # what its nodeSelector, pod affinity and references need
+            labels = [f"{k}={v}" for k, v in NODE_LABELS.items()]
+            plane.kubectl("label", "nodes", "--all", "--overwrite", *labels)
+            listed = [f"{k}={v}" for k, v in namespace_annotations().items()]
+            plane.kubectl("annotate", "namespace", NAMESPACE, "--overwrite", *listed)
 
         port = free_port()
         log_path = workdir / "operator.log"
@@ -239,9 +287,11 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
             "--leader-election-namespace=default",  # the Lease (a write every 2 s)
             *args.operator_args,
         ]
-        with log_path.open("w") as log:
-            operator = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
+
+        def start_operator() -> subprocess.Popen:
+            with log_path.open("a") as log:
+                return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 
         def ready():
             try:
@@ -249,6 +299,7 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
             except OSError:
                 return False
 
+        operator = start_operator()
         wait_until(ready, 60, f"the operator to become ready (log: {log_path})")
         writes_before = apiserver_writes(plane)
 
@@ -280,6 +331,7 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
         )
         time.sleep(1.0)
         sampler = ProcSampler(operator.pid)
+        rss_start = sampler.rss()
         sampler.start()
         # Where else the CPU goes: the control plane's own processes.
         others = {
@@ -300,7 +352,7 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
         def create(index: int) -> None:
             api = client.CustomObjectsApi(api_clients[index % args.clients])
             api.create_namespaced_custom_object(
-                GROUP, VERSION, NAMESPACE, PLURAL, experiment(names[index])
+                GROUP, VERSION, NAMESPACE, PLURAL, experiment(names[index], args.largest)
             )
             now = time.monotonic()
             with lock:
@@ -340,6 +392,7 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
             list(pool.map(progress, range(n)))
         time.sleep(5.0)
         progress_reconciles = reconcile_count(url) - reconciles_before
+        rss_loaded = sampler.rss()
         cpu_s, wall_s = sampler.stop()
         other_cpu = {name: other.stop()[0] / wall_s for name, other in others.items()}
         api_rate = (sum(apiserver_writes(plane, every=True).values()) - requests_before) / wall_s
@@ -363,6 +416,30 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
         exp_writes.pop("POST", None)  # the benchmark's own creates
         exp_writes["PATCH/status"] = exp_writes.get("PATCH/status", 0) - n  # and progress
         log_text = log_path.read_text(errors="replace")
+        rss_restart = float("nan")
+        print(
+            f"# loaded: RSS start {rss_start / 2**20:.0f} MiB, peak {sampler.peak_rss / 2**20:.0f}"
+            f", loaded {rss_loaded / 2**20:.0f}",
+            flush=True,
+        )
+        if args.restart:  # a new leader lists every experiment, Job and pod, and reconciles all
+            operator.terminate()
+            operator.wait(60)
+            operator = start_operator()
+            restarted = ProcSampler(operator.pid, interval=0.2)
+            restarted.start()
+            try:
+                wait_until(ready, 300, f"the restarted operator to become ready ({log_path})")
+                wait_quiet(url)
+            except (OSError, RuntimeError) as err:  # it may lose its Lease under load, and exit
+                print(f"# the restarted operator failed: {err}", flush=True)
+            restarted.stop_event.set()  # not stop(): its CPU time is gone with a dead process
+            restarted.join()
+            rss_restart = restarted.peak_rss
+            if operator.poll() is not None:  # measure the deletion with a running one
+                operator = start_operator()
+                wait_until(ready, 300, f"the operator to become ready again ({log_path})")
+        rss_deleted = delete_all(plane, operator.pid, url) if args.delete else float("nan")
         to_job = [job_at[k] - created[k] for k in created if k in job_at]
         to_running = [running_at[k] - created[k] for k in created if k in running_at]
         return {
@@ -378,6 +455,10 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
             "run_max": max(to_running, default=float("nan")),
             "settle_s": settle_s,
             "rss_mib": sampler.peak_rss / 2**20,
+            "rss_start_mib": rss_start / 2**20,
+            "rss_loaded_mib": rss_loaded / 2**20,
+            "rss_restart_mib": rss_restart / 2**20,
+            "rss_deleted_mib": rss_deleted / 2**20,
             "cpu_s": cpu_s,
             "cpu_share": cpu_s / wall_s,
             "reconciles": reconciles,
@@ -412,6 +493,17 @@ def main(argv=None) -> None:
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait per N")
     parser.add_argument("--keep", action="store_true", help="leave each cluster running")
     parser.add_argument(
+        "--largest", action="store_true", help="experiments near the largest the CRD admits"
+    )
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="then restart the operator: its peak RSS while it lists and reconciles them all",
+    )
+    parser.add_argument(
+        "--delete", action="store_true", help="delete them all, then sample the RSS again"
+    )
+    parser.add_argument(
         "--controller-manager-qps",
         type=int,
         default=None,
@@ -424,6 +516,7 @@ def main(argv=None) -> None:
     print(f"# {os.cpu_count()} CPUs; load average at start {load():.2f}", flush=True)
     print(f"# operator args: {' '.join(args.operator_args) or '(defaults)'}", flush=True)
     print(f"# kube-controller-manager QPS: {args.controller_manager_qps or '20 (default)'}")
+    print(f"# experiments: {'largest, 1 host' if args.largest else f'small, {HOSTS} hosts'}")
     rows = []
     for n in args.experiments:
         row = run_scale(n, args)
@@ -435,7 +528,7 @@ def main(argv=None) -> None:
         "Job p50 / p99 / max s",
         "reached Running",
         "Running p50 / p99 / max s",
-        "operator peak RSS MiB",
+        "operator RSS MiB: start / peak / loaded / restarted peak / after delete",
         "operator CPU s (share)",
         "reconciles / errors",
         "operator API requests per exp.",
@@ -455,7 +548,8 @@ def main(argv=None) -> None:
             f"{r['job_p50']:.2f} / {r['job_p99']:.2f} / {r['job_max']:.2f}",
             f"{r['running']}/{r['n']}",
             f"{r['run_p50']:.1f} / {r['run_p99']:.1f} / {r['run_max']:.1f}",
-            f"{r['rss_mib']:.0f}",
+            f"{r['rss_start_mib']:.0f} / {r['rss_mib']:.0f} / {r['rss_loaded_mib']:.0f}"
+            f" / {r['rss_restart_mib']:.0f} / {r['rss_deleted_mib']:.0f}",
             f"{r['cpu_s']:.0f} ({r['cpu_share']:.0%})",
             f"{r['reconciles']:.0f} / {r['errors']:.0f}",
             req,

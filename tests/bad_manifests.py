@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 from typing import Any, NamedTuple
 
+from benchmarks.largest_experiment import largest_experiment
+
 BASE: dict[str, Any] = {
     "apiVersion": "evokube.io/v1alpha1",
     "kind": "ERLExperiment",
@@ -1424,5 +1426,51 @@ GOOD_MANIFESTS += [
                 },
             }
         },
+    ),
+]
+
+
+# Sizes (issue 22, operator memory): every list, map and string has a bound (docs/security.md,
+# "Sizes"), so no experiment is large; the largest that still runs is admitted.
+def _attack_term(t: int) -> dict[str, Any]:
+    """One of the issue's 15 nodeSelectorTerms: 16 expressions of 64 values (about 70 KB)."""
+    values = [f"v{t:02d}{e:02d}{v:02d}".ljust(63, "x") for e in range(16) for v in range(64)]
+    return {
+        "matchExpressions": [
+            {"key": f"k{e}", "operator": "In", "values": values[e * 64 : (e + 1) * 64]}
+            for e in range(16)
+        ]
+    }
+
+
+BAD_MANIFESTS += [
+    BadManifest(
+        "the issue's 1 MB node affinity",
+        {
+            f"{NODE_AFFINITY}.{REQUIRED}": {
+                "nodeSelectorTerms": [_attack_term(t) for t in range(15)]
+            }
+        },
+        f"{NODE_AFFINITY}.{REQUIRED}.nodeSelectorTerms",
+    ),
+    BadManifest(
+        "more than 32 environment variables",
+        {"spec.env": [{"name": f"V{i}", "value": "x"} for i in range(33)]},
+        "spec.env",
+    ),
+    BadManifest(
+        "a CSI attribute key over 128 characters",
+        {
+            "spec.volumes": [
+                {"name": "v", "csi": {"driver": "d", "volumeAttributes": {"k" * 129: "x"}}}
+            ]
+        },
+        "spec.volumes[0].csi.volumeAttributes",
+    ),
+]
+GOOD_MANIFESTS += [
+    GoodManifest(
+        "the largest experiment that runs",
+        {"spec": largest_experiment("ok", "default", BASE["spec"]["image"])["spec"]},
     ),
 ]

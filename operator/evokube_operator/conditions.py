@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from evokube_operator.util import clip
+
 Conditions = tuple[Mapping[str, Any], ...]
 
 
@@ -32,13 +34,18 @@ def is_true(conditions: Iterable[Mapping[str, Any]], kind: str) -> bool:
     return found is not None and found.get("status") == "True"
 
 
+# The CRD's maxLength of status.conditions[].message: a longer one would fail the status write.
+MESSAGE_MAX = 2048
+
+
 def set_condition(conditions: Conditions, new: Condition, generation: int, now: str) -> Conditions:
     status = "True" if new.status else "False"
+    message = clip(new.message, MESSAGE_MAX)
     wanted = {
         "type": new.type,
         "status": status,
         "reason": new.reason,
-        "message": new.message,
+        "message": message,
         "observedGeneration": generation,
     }
     old = find(conditions, new.type)

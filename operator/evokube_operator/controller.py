@@ -32,15 +32,16 @@ log = logging.getLogger(__name__)
 class Indices:
     """Read-only views of Kopf's indices: (namespace, experiment) -> stored values."""
 
-    experiments: Mapping[Key, Any]
+    experiments: Mapping[Key, Any]  # ExperimentViews
     jobs: Mapping[Key, Any]
     pods: Mapping[Key, Any]
 
     def snapshot(self, key: Key) -> tuple[dict | None, tuple, tuple]:
-        """Copies taken on the event loop, so that worker threads never see them change."""
-        bodies = list(self.experiments.get(key, ()))
+        """The experiment's body (parsed afresh from its view) and copies of its Jobs and
+        pods, taken on the event loop, so that worker threads never see them change."""
+        views = list(self.experiments.get(key, ()))
         return (
-            bodies[0] if bodies else None,
+            views[0].body() if views else None,
             tuple(self.jobs.get(key, ())),
             tuple(self.pods.get(key, ())),
         )

@@ -3,7 +3,7 @@
 - startup / cleanup: settings, the API client, leader election, the controller
   and the metrics server;
 - login: credentials from the same kubeconfig (or in-cluster account) as the client;
-- indices: the experiments, Jobs and pods, kept in memory for reconciles;
+- indices: the experiments, Jobs and pods, kept in memory for reconciles (trimmed views);
 - every event of an experiment, its Jobs and its pods: ask the controller to
   reconcile that experiment.
 
@@ -18,7 +18,6 @@ holder of the Lease reconciles (leader.py).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 from collections.abc import Mapping
@@ -31,12 +30,13 @@ from evokube_operator.controller import Controller, Indices
 from evokube_operator.kube import Kube
 from evokube_operator.leader import Elector, FencedKube, new_identity
 from evokube_operator.metrics import Metrics, Server
-from evokube_operator.observe import JobView, PodView
+from evokube_operator.observe import ExperimentView, JobView, PodView
 from evokube_operator.options import Options, client_configuration
 from evokube_operator.reconcile import Reconciler
-from evokube_operator.util import plain
 
 OWNED = {api.LABEL_EXPERIMENT: kopf.PRESENT}
+LIST_CHUNK = 100  # objects per page of the first listing
+IDLE_WORKER_SECONDS = 0.2
 STOP_SECONDS = 10.0  # for the reconciles in flight at shutdown, before the Lease is released
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,12 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = int(options.watch_timeout_seconds)
     settings.watching.client_timeout = options.watch_timeout_seconds + 10
+    # The first listing in pages: a new leader among a thousand large experiments (and their
+    # Jobs and pods, which carry the manifest) never holds them all at once.
+    settings.watching.chunk_size = LIST_CHUNK
+    # Kopf's per-object worker holds its last event (the whole object) until it exits idle:
+    # 5 s by default, which during a launch is every object's body at once.
+    settings.queueing.idle_timeout = IDLE_WORKER_SECONDS
     # Only our own Jobs and pods travel from the API server.
     managed = f"{api.LABEL_MANAGED_BY}={api.MANAGED_BY}"
     settings.watching.label_selectors["batch", "v1", "jobs"] = managed
@@ -87,7 +93,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
     )
     memo.kube, memo.controller, memo.server = kube, controller, None
     memo.elector, memo.campaign = elector, None
-    memo.decided_on = {}  # key -> decision_inputs() of the experiment last sent to reconcile
+    memo.decided_on = {}  # key -> ExperimentView.inputs() of what was last sent to reconcile
     if elector is None:
         controller.start()
     else:
@@ -182,9 +188,7 @@ def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 # -- indices: what reconciles read instead of the API ---------------------------------------
 @kopf.index(api.GROUP, api.VERSION, api.PLURAL)
 def experiment_index(body: kopf.Body, namespace: str | None, name: str, **_: Any):
-    copy = plain(body)  # a deep copy, safe to hand to worker threads
-    copy["metadata"].pop("managedFields", None)  # often the bulk of an object, never read
-    return {(namespace, name): copy}
+    return {(namespace, name): ExperimentView.from_body(body)}
 
 
 @kopf.index("batch", "v1", "jobs", labels=OWNED)
@@ -198,26 +202,15 @@ def pod_index(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: 
 
 
 # -- what to reconcile -----------------------------------------------------------------------
-def decision_inputs(body: Mapping[str, Any]) -> str:
-    """What of an experiment a reconcile decides on: all but status.progress and
-    status.result (which process 0 of every gang patches every few seconds and at each better
-    evaluation, and the operator never reads) and what every write moves (resourceVersion,
-    managedFields)."""
-    doc = plain(body)
-    for moving in ("resourceVersion", "managedFields"):
-        doc.get("metadata", {}).pop(moving, None)
-    for trainers in ("progress", "result"):
-        doc.get("status", {}).pop(trainers, None)
-    return json.dumps(doc, sort_keys=True)
-
-
 def wants_reconcile(seen: dict, key: tuple, event_type: str | None, body: Mapping[str, Any]):
-    """Whether an experiment's event changes anything a reconcile decides on; remembers what
-    it saw in `seen`. Deletions and the first sight always do; a trainer's patch never."""
+    """Whether an experiment's event changes anything a reconcile decides on (all but
+    status.progress and status.result, which process 0 of every gang patches every few
+    seconds, and metadata the operator never reads); remembers a digest of it in `seen`.
+    Deletions and the first sight always do; a trainer's patch never."""
     if event_type == "DELETED":
         seen.pop(key, None)
         return True
-    inputs = decision_inputs(body)
+    inputs = ExperimentView.from_body(body).inputs()
     if seen.get(key) == inputs:
         return False
     seen[key] = inputs

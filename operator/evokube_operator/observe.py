@@ -1,16 +1,19 @@
-"""Small immutable summaries of the Jobs and pods the operator watches.
+"""Small immutable summaries of the experiments, Jobs and pods the operator watches.
 
 Kopf keeps these in its in-memory indices (handlers.py), so a reconcile reads
 the state of a gang without a single API call. Only what the policies need is
 kept: a pod is its attempt, index, phase, exit code, disruption, why it has not
 started yet (a waiting trainer container, an unschedulable pod) and, once it
-is being deleted, the time by which it should be gone. Job events are not
-watched: the reconciler lists a Job's FailedCreate events only when decide
-asks (a gang that has fewer pods than hosts), as JobEvents.
+is being deleted, the time by which it should be gone; an experiment is its
+identity, spec and the operator's part of its status, as compact JSON. Job
+events are not watched: the reconciler lists a Job's FailedCreate events only
+when decide asks (a gang that has fewer pods than hosts), as JobEvents.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -36,6 +39,68 @@ def _condition(status: Mapping[str, Any], kind: str, value: str) -> Mapping[str,
         if condition.get("type") == kind and condition.get("status") == value:
             return condition
     return None
+
+
+# What the trainer writes into status, which the operator never reads (docs/architecture.md).
+TRAINER_STATUS = ("progress", "result")
+
+
+@dataclass(frozen=True)
+class ExperimentView:
+    """What the operator keeps of an experiment between reconciles (issue 22: a thousand
+    experiments of the largest admitted size must fit the chart's memory limit).
+
+    Only what a reconcile reads: identity, deletion, spec, and status without the trainer's
+    fields. Metadata the operator never reads (labels, annotations: up to 256 KiB,
+    managedFields) is dropped, and spec and status are kept as one compact JSON document,
+    a third of the memory of the same dicts and lists; `body()` parses it for each reconcile.
+    """
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    resource_version: str
+    deletion_timestamp: str | None
+    document: bytes  # {"spec": ..., "status": ...} as UTF-8 JSON
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> ExperimentView:
+        meta = body.get("metadata") or {}
+        status = {k: v for k, v in (body.get("status") or {}).items() if k not in TRAINER_STATUS}
+        document = {"spec": body.get("spec") or {}, "status": status}
+        return cls(
+            name=meta["name"],
+            namespace=meta["namespace"],
+            uid=meta.get("uid", ""),
+            generation=int(meta.get("generation") or 0),
+            resource_version=str(meta.get("resourceVersion") or ""),
+            deletion_timestamp=meta.get("deletionTimestamp"),
+            document=json.dumps(
+                document, separators=(",", ":"), ensure_ascii=False, default=dict
+            ).encode(),
+        )
+
+    def body(self) -> dict[str, Any]:
+        """A fresh object shaped like the API server's, with what the view kept."""
+        metadata: dict[str, Any] = {
+            "name": self.name,
+            "namespace": self.namespace,
+            "uid": self.uid,
+            "generation": self.generation,
+            "resourceVersion": self.resource_version,
+        }
+        if self.deletion_timestamp:
+            metadata["deletionTimestamp"] = self.deletion_timestamp
+        return {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": metadata} | (
+            json.loads(self.document)
+        )
+
+    def inputs(self) -> bytes:
+        """A digest of what a reconcile decides on: all but the resourceVersion, which every
+        write moves (the trainer's progress patches included)."""
+        identity = f"{self.uid}\0{self.generation}\0{self.deletion_timestamp}\0".encode()
+        return hashlib.sha256(identity + self.document).digest()
 
 
 @dataclass(frozen=True)

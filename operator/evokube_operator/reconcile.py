@@ -41,7 +41,7 @@ from evokube_operator.decide import (
     decide,
 )
 from evokube_operator.kube import ApiError, Kube
-from evokube_operator.observe import JobEvent, JobView, PodView, QueueView
+from evokube_operator.observe import ExperimentView, JobEvent, JobView, PodView, QueueView
 from evokube_operator.ownership import (
     LABEL_OPT_INS,
     LISTING_ANNOTATIONS,
@@ -69,7 +69,7 @@ Stop = Blocker | Refusal
 class _Memory:
     """What one operator process remembers about one experiment (lost on restart, by design)."""
 
-    last_written: dict[str, Any] | None = None  # the object our last status write returned
+    last_written: ExperimentView | None = None  # what our last status write returned
     statics: tuple[str, int] | None = None  # (uid, generation) last applied
     # (Job uid, when read, its FailedCreate events): read at most once a requeue interval.
     job_events: tuple[str, datetime, tuple[JobEvent, ...]] | None = None
@@ -88,9 +88,9 @@ class Outcome:
     api_calls: int = 0
 
 
-def _resource_version(body: Mapping[str, Any] | None) -> int:
+def _resource_version(version: Any) -> int:
     try:
-        return int((body or {}).get("metadata", {}).get("resourceVersion", ""))
+        return int(version)
     except (TypeError, ValueError):
         return -1
 
@@ -109,13 +109,21 @@ class Reconciler:
         self._memory.pop(key, None)
 
     def _freshest(self, key: Key, cached: dict[str, Any]) -> dict[str, Any]:
-        """The watch cache's copy, unless our own last write is newer than it."""
-        written = self._memory.setdefault(key, _Memory()).last_written
+        """The watch cache's copy, unless our own last write is newer than it. Once the cache
+        has caught up, our copy is dropped: a second copy of every experiment's spec would
+        double what the operator holds."""
+        memory = self._memory.setdefault(key, _Memory())
+        written = memory.last_written
         if written is None:
             return cached
-        same_object = written["metadata"].get("uid") == cached["metadata"].get("uid")
-        if same_object and _resource_version(written) > _resource_version(cached):
-            return written
+        meta = cached["metadata"]
+        same_object = written.uid == meta.get("uid")
+        newer = _resource_version(written.resource_version) > _resource_version(
+            meta.get("resourceVersion")
+        )
+        if same_object and newer:
+            return written.body()
+        memory.last_written = None
         return cached
 
     def reconcile(
@@ -177,7 +185,7 @@ class Reconciler:
                         self.forget(key)
                         return Outcome(None)
                     raise
-                memory.last_written = body
+                memory.last_written = ExperimentView.from_body(body)
                 before = before or old
             stopped = self._act(exp, body, plan, jobs)
             if stopped is not None:

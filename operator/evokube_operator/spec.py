@@ -118,7 +118,6 @@ class Experiment:
     resource_version: str
     spec: Mapping[str, Any]
     status: Mapping[str, Any]
-    labels: Mapping[str, str] = field(default_factory=dict)
     deleting: bool = False
 
     @classmethod
@@ -132,7 +131,6 @@ class Experiment:
             resource_version=str(meta.get("resourceVersion") or ""),
             spec=body.get("spec") or {},
             status=body.get("status") or {},
-            labels=meta.get("labels") or {},
             deleting=bool(meta.get("deletionTimestamp")),
         )
 

@@ -20,5 +20,5 @@ def plain(value: Any) -> Any:
 MESSAGE_LIMIT = 512
 
 
-def clip(message: str) -> str:
-    return message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 3] + "..."
+def clip(message: str, limit: int = MESSAGE_LIMIT) -> str:
+    return message if len(message) <= limit else message[: limit - 3] + "..."

@@ -1,6 +1,19 @@
 """Conditions move like metav1.Condition: the transition time only when status flips."""
 
-from evokube_operator.conditions import Condition, clear, find, is_true, set_condition
+from pathlib import Path
+
+import yaml
+
+from evokube_operator.conditions import (
+    MESSAGE_MAX,
+    Condition,
+    clear,
+    find,
+    is_true,
+    set_condition,
+)
+
+CRD = Path(__file__).resolve().parents[2] / "crds" / "erlexperiments.evokube.io.yaml"
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
 
@@ -46,3 +59,11 @@ def test_clear_only_touches_conditions_that_exist():
     out = set_condition((), Condition("Restarting", True, "RetriableFailure", "m"), 1, T0)
     cleared = clear(out, "Restarting", "Recovered", "back", 1, T1)
     assert find(cleared, "Restarting")["status"] == "False"
+
+
+def test_a_message_is_clipped_to_what_the_crd_admits():
+    (version,) = yaml.safe_load(CRD.read_text())["spec"]["versions"]
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert status["conditions"]["items"]["properties"]["message"]["maxLength"] == MESSAGE_MAX
+    out = set_condition((), Condition("Failed", True, "Refused", "x" * 10_000), 1, T0)
+    assert len(out[0]["message"]) == MESSAGE_MAX and out[0]["message"].endswith("...")

@@ -6,9 +6,12 @@ import time
 
 from evokube_operator.controller import Backoff, Controller, Indices
 from evokube_operator.metrics import Metrics
+from evokube_operator.observe import ExperimentView
 from evokube_operator.reconcile import Outcome
+from tests.operator.factories import body
 
 A, B = ("ns", "a"), ("ns", "b")
+VIEW_A, VIEW_B = (ExperimentView.from_body(body(name=key[1])) for key in (A, B))
 
 
 class ScriptedReconciler:
@@ -52,7 +55,7 @@ async def until(predicate, what, timeout=10.0):
 
 def run(reconciler, scenario, workers=4):
     async def main():
-        indices = Indices({A: [{}], B: [{}]}, {}, {})
+        indices = Indices({A: [VIEW_A], B: [VIEW_B]}, {}, {})
         controller = Controller(reconciler, indices, Metrics(), workers=workers, resync_seconds=0)
         controller.backoff = Backoff(base=0.01)
         controller.start()
@@ -174,7 +177,7 @@ def test_a_follower_drops_requests_and_on_becoming_leader_looks_at_every_experim
     rec = ScriptedReconciler()
 
     async def main():
-        indices = Indices({A: [{}], B: [{}]}, {}, {})
+        indices = Indices({A: [VIEW_A], B: [VIEW_B]}, {}, {})
         controller = Controller(rec, indices, Metrics(), workers=2, resync_seconds=0)
         controller.changed(A)  # a follower: Kopf's call says the indices are complete
         controller.request(B, delay=0.01)
@@ -195,7 +198,7 @@ def test_a_leader_started_before_kopfs_first_call_waits_for_kopf_to_name_experim
     rec = ScriptedReconciler()
 
     async def main():
-        controller = Controller(rec, Indices({A: [{}]}, {}, {}), Metrics(), resync_seconds=0)
+        controller = Controller(rec, Indices({A: [VIEW_A]}, {}, {}), Metrics(), resync_seconds=0)
         controller.start()
         try:
             await asyncio.sleep(0.05)

@@ -1,5 +1,5 @@
 """Which experiment events reach the reconciler: not the trainer's progress and result
-patches."""
+patches, nor metadata the operator never reads."""
 
 import copy
 
@@ -24,11 +24,16 @@ def test_progress_and_result_patches_and_resource_version_bumps_wake_no_reconcil
     progressed["status"]["result"] = {"bestReturn": -150.0, "generation": 7, "policyURI": "/p"}
     assert not wants_reconcile(seen, KEY, "MODIFIED", progressed)
 
+    unread = copy.deepcopy(progressed)
+    unread["metadata"]["labels"] = {"team": "rl"}
+    unread["metadata"]["annotations"] = {"note": "x" * 4096}
+    assert not wants_reconcile(seen, KEY, "MODIFIED", unread)
+
     for change in (
         lambda e: e["status"].update(phase="Restarting"),  # the operator's own write, or not
         lambda e: e["spec"].update(suspend=True),
         lambda e: e["metadata"].update(deletionTimestamp="2026-01-02T03:04:05Z"),
-        lambda e: e["metadata"].setdefault("labels", {}).update(team="rl"),
+        lambda e: e["metadata"].update(generation=2),
     ):
         changed = copy.deepcopy(progressed)
         change(changed)

@@ -1,7 +1,9 @@
 """The trainer's progress and result reports reach a real ERLExperiment, with least
 privilege."""
 
+import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -10,7 +12,13 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from evokube_trainer.runtime.status import GROUP, PLURAL, VERSION, StatusReporter
+from evokube_trainer.runtime.status import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    StatusReporter,
+    max_hyperparameters,
+)
 from tests.cluster.controlplane import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -163,6 +171,46 @@ def test_the_best_policy_reaches_status_result_beside_progress(
         "status"
     ]
     assert status["result"] == better and status["progress"]["generation"] == 3
+
+
+def test_an_oversized_hyperparameters_patch_is_refused_naming_the_field(
+    cluster, api, namespace, trainer_token
+):
+    # The issue's attack: status.progress.hyperparameters grew an object to 1.15 MB.
+    huge = {f"h{i:05d}{'x' * 50}": 1.0 for i in range(20000)}  # about 1.2 MB of JSON
+    with cluster.api_client(trainer_token) as sa_api, pytest.raises(ApiException) as refused:
+        client.CustomObjectsApi(sa_api).patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            "mine",
+            {"status": {"progress": {"hyperparameters": huge}}},
+        )
+    assert refused.value.status == 422
+    causes = json.loads(refused.value.body)["details"]["causes"]
+    assert "status.progress.hyperparameters" in {c.get("field") for c in causes}
+    assert "hyperparameters" not in (progress_of(api, namespace, "mine") or {})
+
+
+def test_the_reporter_sends_only_finite_hyperparameters_within_the_bound(
+    cluster, api, namespace, trainer_token
+):
+    reporter = StatusReporter(
+        "mine",
+        namespace,
+        min_interval_s=0.2,
+        api_client_factory=lambda: cluster.api_client(trainer_token),
+    )
+    many = {f"h{i:02d}": float(i) for i in range(max_hyperparameters() + 4)}
+    reporter.report(generation=4, meanFitness=math.nan, hyperparameters={**many, "a": math.inf})
+    reporter.close()
+    progress = progress_of(api, namespace, "mine")
+    assert reporter.failures == 0 and progress["generation"] == 4
+    assert "meanFitness" not in progress  # NaN: left out, not the whole patch refused
+    kept = progress["hyperparameters"]
+    assert len(kept) == max_hyperparameters() and "a" not in kept
+    assert all(math.isfinite(v) for v in kept.values())
 
 
 def test_reports_are_rate_limited_and_failures_never_raise(

@@ -13,6 +13,7 @@ stops training; the newest progress simply waits for the next try.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from evokube_contract import GROUP, PLURAL, VERSION
+from evokube_trainer.runtime.manifest import crd_schema
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +71,16 @@ class StatusReporter:
         self._thread.start()
 
     def report(self, **progress: Any) -> None:
-        """Queue the newest progress (generation, envSteps, bestFitness, ...)."""
-        progress = {k: v for k, v in progress.items() if v is not None}
+        """Queue the newest progress (generation, envSteps, bestFitness, ...); numbers that
+        are not finite are left out (JSON cannot carry them, and the API server would refuse
+        the whole patch), and so are hyperparameters beyond the CRD's bound."""
+        progress = {k: v for k, v in progress.items() if v is not None and _finite(v)}
+        if "hyperparameters" in progress:
+            finite = {k: v for k, v in sorted(progress["hyperparameters"].items()) if _finite(v)}
+            kept = dict(list(finite.items())[: max_hyperparameters()])
+            progress["hyperparameters"] = kept
+            if not kept:
+                del progress["hyperparameters"]
         self._queue("progress", {**progress, "updatedAt": _now()})
 
     def report_result(self, *, bestReturn: float, generation: int, policyURI: str) -> None:
@@ -144,6 +154,16 @@ class StatusReporter:
             self.failures += 1
             log.warning("could not report progress to %s/%s: %s", self.namespace, self.name, err)
             return False
+
+
+def max_hyperparameters() -> int:
+    """How many hyperparameters status.progress may hold (the CRD's maxProperties)."""
+    progress = crd_schema()["properties"]["status"]["properties"]["progress"]
+    return progress["properties"]["hyperparameters"]["maxProperties"]
+
+
+def _finite(value: Any) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
 
 
 def _now() -> str:
