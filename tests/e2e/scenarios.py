@@ -436,20 +436,21 @@ def killed_operator(stack: Stack, ns: str, timeline: Timeline) -> Report:
     name = report.watcher.name
     next_job = f"{name}-1"
     try:
+        pods = _train_until(stack, ns, f"{name}-0", KILL_AT, report)
         hold = JobHold(stack, ns, next_job)
         hold.install()
-        timeline.add("hold", f"an admission policy refuses Job {next_job} for now")
-        pods = _train_until(stack, ns, f"{name}-0", KILL_AT, report)
+        timeline.add("hold", f"a ResourceQuota of no Jobs refuses Job {next_job} for now")
         victim = pods[0]["metadata"]["name"]
         report.disturbed_at = _generation(stack, pods[1])
         pid = stack.runner.kill(ns, victim, signal.SIGKILL)
         timeline.add("SIGKILL", f"pid {pid} (host 0, {victim}) at generation {report.disturbed_at}")
 
         def restart_half_done():
-            refused = stack.operator_metric(
-                "evokube_operator_api_requests_total", verb="POST", kind="Job", code="403"
-            )
-            return stack.status(ns, name).get("jobName") == next_job and refused >= 1
+            status = stack.status(ns, name)
+            blocked = [c for c in status.get("conditions", []) if c["type"] == "Blocked"]
+            return status.get("restarts") == 1 and [
+                (c["status"], c["reason"]) for c in blocked
+            ] == [("True", "CreationFailing")]
 
         _wait(report, f"the operator to be refused Job {next_job}", restart_half_done, 120)
         report.notes["status_at_crash"] = stack.status(ns, name)
@@ -461,7 +462,7 @@ def killed_operator(stack: Stack, ns: str, timeline: Timeline) -> Report:
         operator = stack.operator_pod()
         pid = stack.runner.kill(RELEASE_NAMESPACE, operator["metadata"]["name"], signal.SIGKILL)
         timeline.add(
-            "SIGKILL operator", f"pid {pid}: status names {next_job}, which does not exist"
+            "SIGKILL operator", f"pid {pid}: attempt 1 is Blocked, its Job {next_job} refused"
         )
         hold.remove()
         timeline.add("hold removed", f"Job {next_job} may be created")
@@ -477,54 +478,22 @@ def _generation_of(samples: Samples) -> int:
 
 
 class JobHold:
-    """A ValidatingAdmissionPolicy that refuses (403) creating one Job, until removed."""
+    """A ResourceQuota of no Jobs in the namespace: creating any Job is refused (403, "exceeded
+    quota"), which the operator treats as a refusal that may pass and retries
+    (policies/refusal.py), until the quota is removed. Jobs that exist stay."""
 
     def __init__(self, stack: Stack, namespace: str, job: str):
         self.stack, self.namespace, self.job = stack, namespace, job
-        self.name = f"e2e-hold-{namespace}"[:63]
+        self.name = "e2e-hold"
 
     def install(self) -> None:
-        policy = {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": self.name},
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {
-                    "resourceRules": [
-                        {
-                            "apiGroups": ["batch"],
-                            "apiVersions": ["v1"],
-                            "operations": ["CREATE"],
-                            "resources": ["jobs"],
-                        }
-                    ]
-                },
-                # Forbidden (403), which the operator retries; Invalid (422) it would not.
-                "validations": [
-                    {
-                        "expression": f"object.metadata.name != '{self.job}'",
-                        "reason": "Forbidden",
-                        "message": f"the e2e test holds Job {self.job}",
-                    }
-                ],
-            },
+        quota = {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": {"hard": {"count/jobs.batch": "0"}},
         }
-        binding = {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": self.name},
-            "spec": {
-                "policyName": self.name,
-                "validationActions": ["Deny"],
-                "matchResources": {
-                    "namespaceSelector": {
-                        "matchLabels": {"kubernetes.io/metadata.name": self.namespace}
-                    }
-                },
-            },
-        }
-        self.stack.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([policy, binding]))
+        self.stack.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(quota))
         wait_until(self._refused, 30, f"the hold on Job {self.job} to take effect")
 
     def _refused(self) -> bool:
@@ -532,12 +501,10 @@ class JobHold:
             "create", "job", self.job, "--image=x", "-n", self.namespace, "--dry-run=server",
             check=False,
         )  # fmt: skip
-        return run.returncode != 0 and "holds" in run.stderr
+        return run.returncode != 0 and "quota" in run.stderr
 
     def remove(self) -> None:
-        self.stack.cluster.kubectl(
-            "delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", self.name
-        )
+        self.stack.cluster.kubectl("delete", "resourcequota", self.name, "-n", self.namespace)
         wait_until(lambda: not self._refused(), 30, f"the hold on Job {self.job} to go")
 
 
