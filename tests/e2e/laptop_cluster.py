@@ -48,7 +48,11 @@ def scrape_configs(targets_file: Path) -> list[dict]:
     def job(name: str, app: str, *more: dict) -> dict:
         return {
             "job_name": name,
-            "file_sd_configs": [{"files": [str(targets_file)]}],
+            # Read again every scrape too: a pod of a few seconds must not wait for a
+            # missed file event and file_sd's default 5 minutes.
+            "file_sd_configs": [
+                {"files": [str(targets_file)], "refresh_interval": f"{SCRAPE_INTERVAL_S}s"}
+            ],
             "relabel_configs": [
                 {
                     "source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
