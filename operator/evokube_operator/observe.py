@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from evokube_operator import api
-from evokube_operator.spec import parse_time
+from evokube_operator.spec import identity, parse_time
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -66,16 +66,11 @@ class ExperimentView:
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> ExperimentView:
-        meta = body.get("metadata") or {}
         status = {k: v for k, v in (body.get("status") or {}).items() if k not in TRAINER_STATUS}
         document = {"spec": body.get("spec") or {}, "status": status}
         return cls(
-            name=meta["name"],
-            namespace=meta["namespace"],
-            uid=meta.get("uid", ""),
-            generation=int(meta.get("generation") or 0),
-            resource_version=str(meta.get("resourceVersion") or ""),
-            deletion_timestamp=meta.get("deletionTimestamp"),
+            **identity(body),
+            deletion_timestamp=(body.get("metadata") or {}).get("deletionTimestamp"),
             document=json.dumps(
                 document, separators=(",", ":"), ensure_ascii=False, default=dict
             ).encode(),

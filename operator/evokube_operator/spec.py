@@ -122,17 +122,25 @@ class Experiment:
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Experiment:
-        meta = body.get("metadata") or {}
         return cls(
-            name=meta["name"],
-            namespace=meta["namespace"],
-            uid=meta.get("uid", ""),
-            generation=int(meta.get("generation") or 0),
-            resource_version=str(meta.get("resourceVersion") or ""),
+            **identity(body),
             spec=body.get("spec") or {},
             status=body.get("status") or {},
-            deleting=bool(meta.get("deletionTimestamp")),
+            deleting=bool((body.get("metadata") or {}).get("deletionTimestamp")),
         )
+
+
+def identity(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What an experiment object is known by: name, namespace, uid, generation and
+    resourceVersion, read from its metadata (the fields Experiment and the cache share)."""
+    meta = body.get("metadata") or {}
+    return {
+        "name": meta["name"],
+        "namespace": meta["namespace"],
+        "uid": meta.get("uid", ""),
+        "generation": int(meta.get("generation") or 0),
+        "resource_version": str(meta.get("resourceVersion") or ""),
+    }
 
     @property
     def key(self) -> tuple[str, str]:

@@ -92,6 +92,16 @@ def phase_of(api, namespace, name):
     return obj.get("status", {}).get("phase")
 
 
+def reporter_as_trainer(cluster, namespace, token, name, min_interval_s):
+    """A StatusReporter for experiment `name` that talks to the API server with `token`."""
+    return StatusReporter(
+        name,
+        namespace,
+        min_interval_s=min_interval_s,
+        api_client_factory=lambda: cluster.api_client(token),
+    )
+
+
 def progress_of(api, namespace, name):
     obj = client.CustomObjectsApi(api).get_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, name
@@ -103,12 +113,7 @@ def test_progress_reaches_the_experiment_with_a_least_privilege_token(
     cluster, api, namespace, trainer_token
 ):
     # The operator's own status fields (its phase) must survive the trainer's patches.
-    reporter = StatusReporter(
-        "mine",
-        namespace,
-        min_interval_s=0.2,
-        api_client_factory=lambda: cluster.api_client(trainer_token),
-    )
+    reporter = reporter_as_trainer(cluster, namespace, trainer_token, "mine", 0.2)
     reporter.report(
         generation=3,
         envSteps=1200,
@@ -140,12 +145,7 @@ def test_the_best_policy_reaches_status_result_beside_progress(
     cluster, api, namespace, trainer_token
 ):
     custom = client.CustomObjectsApi(api)
-    reporter = StatusReporter(
-        "mine",
-        namespace,
-        min_interval_s=0.2,
-        api_client_factory=lambda: cluster.api_client(trainer_token),
-    )
+    reporter = reporter_as_trainer(cluster, namespace, trainer_token, "mine", 0.2)
     first = {"bestReturn": -900.25, "generation": 2, "policyURI": "gs://b/x/policies/best"}
     reporter.report(generation=2, envSteps=800)
     reporter.report_result(**first)  # one patch carries both
@@ -159,12 +159,7 @@ def test_the_best_policy_reaches_status_result_beside_progress(
     assert status["progress"]["generation"] == 3 and status["phase"] == "Suspended"
 
     better = {"bestReturn": -150.0, "generation": 9, "policyURI": "gs://b/x/policies/best"}
-    reporter = StatusReporter(
-        "mine",
-        namespace,
-        min_interval_s=0.2,
-        api_client_factory=lambda: cluster.api_client(trainer_token),
-    )
+    reporter = reporter_as_trainer(cluster, namespace, trainer_token, "mine", 0.2)
     reporter.report_result(**better)
     reporter.close()
     status = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "mine")[
@@ -196,12 +191,7 @@ def test_an_oversized_hyperparameters_patch_is_refused_naming_the_field(
 def test_the_reporter_sends_only_finite_hyperparameters_within_the_bound(
     cluster, api, namespace, trainer_token
 ):
-    reporter = StatusReporter(
-        "mine",
-        namespace,
-        min_interval_s=0.2,
-        api_client_factory=lambda: cluster.api_client(trainer_token),
-    )
+    reporter = reporter_as_trainer(cluster, namespace, trainer_token, "mine", 0.2)
     many = {f"h{i:02d}": float(i) for i in range(max_hyperparameters() + 4)}
     reporter.report(generation=4, meanFitness=math.nan, hyperparameters={**many, "a": math.inf})
     reporter.close()
@@ -216,12 +206,7 @@ def test_the_reporter_sends_only_finite_hyperparameters_within_the_bound(
 def test_reports_are_rate_limited_and_failures_never_raise(
     cluster, api, namespace, trainer_token, caplog
 ):
-    reporter = StatusReporter(
-        "mine",
-        namespace,
-        min_interval_s=2.0,
-        api_client_factory=lambda: cluster.api_client(trainer_token),
-    )
+    reporter = reporter_as_trainer(cluster, namespace, trainer_token, "mine", 2.0)
     for generation in range(1, 51):
         reporter.report(generation=generation, envSteps=generation * 10)
     wait_until(
@@ -233,12 +218,7 @@ def test_reports_are_rate_limited_and_failures_never_raise(
     assert progress_of(api, namespace, "mine")["generation"] == 51
 
     # A reporter for an experiment it may not touch logs and carries on.
-    denied = StatusReporter(
-        "other",
-        namespace,
-        min_interval_s=0.1,
-        api_client_factory=lambda: cluster.api_client(trainer_token),
-    )
+    denied = reporter_as_trainer(cluster, namespace, trainer_token, "other", 0.1)
     with caplog.at_level(logging.WARNING):
         denied.report(generation=1)
         denied.close()
