@@ -355,6 +355,26 @@ def documented_tenant_quotas() -> list[dict]:
     return [quota for quota in yaml.safe_load_all(block) if quota]
 
 
+def suspended_experiment(k8s: K8s, namespace: str, name: str) -> dict:
+    """A small experiment created suspended (so it owns no Job or objects yet), once the
+    operator has given it a phase; its body as the API server returns it."""
+    k8s.apply(experiment_manifest(name, namespace, suspend=True))
+    return k8s.wait(
+        lambda: (e := k8s.experiment(namespace, name)).get("status", {}).get("phase") and e,
+        f"{name} to be Suspended",
+    )
+
+
+def quota_of_none(name: str, resource: str) -> dict:
+    """A ResourceQuota allowing no `resource` (e.g. `pods`, `count/jobs.batch`)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": name},
+        "spec": {"hard": {resource: "0"}},
+    }
+
+
 def apply_quotas(k8s: K8s, namespace: str, quotas: list[dict]) -> None:
     """Create the quotas and wait until the quota controller counts them (until then the API
     server refuses what they cover)."""

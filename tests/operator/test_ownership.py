@@ -10,7 +10,7 @@ from evokube_operator import builders
 from evokube_operator.kube import ApiError, Kube
 from evokube_operator.ownership import NameConflict
 from evokube_operator.spec import Experiment
-from tests.operator.conftest import experiment_manifest, stand_in
+from tests.operator.conftest import experiment_manifest, stand_in, suspended_experiment
 from tests.operator.test_operator import assert_everything_owned_is_gone
 
 pytestmark = pytest.mark.cluster
@@ -258,12 +258,7 @@ def test_a_job_deleted_by_hand_starts_the_next_attempt_as_a_preemption(k8s, clus
 
 def test_owned_objects_are_written_only_when_this_experiment_controls_them(k8s, namespace):
     """kube.Kube.create_owned on the API server itself, as the operator uses it."""
-    k8s.apply(experiment_manifest("own", namespace, suspend=True))  # no objects of its own
-    body = k8s.wait(
-        lambda: (e := k8s.experiment(namespace, "own")).get("status", {}).get("phase") and e,
-        "own to be Suspended",
-    )
-    exp = Experiment.from_body(body)
+    exp = Experiment.from_body(suspended_experiment(k8s, namespace, "own"))  # no objects yet
     kube = Kube(k8s.cluster.api_client())
     try:
         account = builders.service_account(exp)

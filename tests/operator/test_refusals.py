@@ -18,22 +18,19 @@ from evokube_operator import builders
 from evokube_operator.kube import Kube
 from evokube_operator.policies.refusal import Refusal
 from evokube_operator.spec import Experiment, parse_spec
-from tests.operator.conftest import experiment_manifest
+from tests.operator.conftest import (
+    apply_quotas,
+    experiment_manifest,
+    quota_of_none,
+    suspended_experiment,
+)
 
 pytestmark = pytest.mark.cluster
 
 
 def no_jobs_quota(k8s, namespace: str) -> None:
     """count/jobs.batch: 0 in `namespace`, counted by the quota controller."""
-    quota = client.V1ResourceQuota(
-        metadata=client.V1ObjectMeta(name="no-jobs"),
-        spec=client.V1ResourceQuotaSpec(hard={"count/jobs.batch": "0"}),
-    )
-    k8s.core.create_namespaced_resource_quota(namespace, quota)
-    k8s.wait(
-        lambda: k8s.core.read_namespaced_resource_quota("no-jobs", namespace).status.hard or {},
-        "the quota controller to count the quota",
-    )
+    apply_quotas(k8s, namespace, [quota_of_none("no-jobs", "count/jobs.batch")])
 
 
 @contextlib.contextmanager
@@ -170,12 +167,7 @@ def test_equal_ports_are_refused_at_admission_naming_the_field(k8s, namespace):
 
 def test_a_dry_run_writes_nothing_and_a_refusal_names_the_object(k8s, namespace):
     """kube.Kube.create_owned(dry_run=True), as the operator tries a Blocked Job again."""
-    k8s.apply(experiment_manifest("dry", namespace, suspend=True))  # no Job of its own
-    body = k8s.wait(
-        lambda: (e := k8s.experiment(namespace, "dry")).get("status", {}).get("phase") and e,
-        "dry to be Suspended",
-    )
-    exp = Experiment.from_body(body)
+    exp = Experiment.from_body(suspended_experiment(k8s, namespace, "dry"))  # no Job of its own
     job = builders.job(exp, parse_spec(exp.spec), 0)
     kube = Kube(k8s.cluster.api_client())
     try:

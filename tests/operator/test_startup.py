@@ -8,10 +8,11 @@ nodeSelector nobody has. Each ends in Failed or Blocked, with the cause.
 """
 
 import pytest
-from kubernetes import client
 
 from tests.operator.conftest import (
+    apply_quotas,
     experiment_manifest,
+    quota_of_none,
     stand_in,
 )
 
@@ -80,15 +81,7 @@ def test_a_missing_priority_class_fails_the_experiment(k8s, namespace):
 
 
 def test_a_pod_quota_blocks_the_experiment_until_it_is_lifted(k8s, namespace):
-    quota = client.V1ResourceQuota(
-        metadata=client.V1ObjectMeta(name="no-pods"),
-        spec=client.V1ResourceQuotaSpec(hard={"pods": "0"}),
-    )
-    k8s.core.create_namespaced_resource_quota(namespace, quota)
-    k8s.wait(
-        lambda: k8s.core.read_namespaced_resource_quota("no-pods", namespace).status.hard or {},
-        "the quota controller to count the quota",
-    )
+    apply_quotas(k8s, namespace, [quota_of_none("no-pods", "pods")])
     k8s.apply(experiment_manifest("quota", namespace))
     _, _, message = wait_blocked(k8s, namespace, "quota", "PodCreationFailing")
     assert "exceeded quota: no-pods" in message
