@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from tests.cluster.controlplane import ClusterError, ControlPlane
+from tests.cluster.jobset import JobSet
 
 DEFAULT_DIR = Path.home() / ".cache" / "evokube" / "dev-cluster"
 
@@ -44,14 +45,30 @@ def main(argv: list[str] | None = None) -> int:
         help="up: N fake nodes in nodes.yaml's POOL instead of its count (repeatable)",
     )
     parser.add_argument(
+        "--copy-pool",
+        action="append",
+        default=[],
+        metavar="NEW=POOL",
+        help="up: one more node pool NEW shaped like nodes.yaml's POOL (repeatable)",
+    )
+    parser.add_argument(
+        "--jobset",
+        action="store_true",
+        help="up: also start the JobSet controller (tests/cluster/jobset.py)",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         help="up: print one JSON object (kubeconfig, kubectl, server, pids) instead",
     )
     args = parser.parse_args(argv)
     sizes = {pool: int(n) for pool, _, n in (s.partition("=") for s in args.pool_size)}
+    copies = dict(s.partition("=")[::2] for s in args.copy_pool)
     plane = ControlPlane(
-        args.dir, controller_manager_qps=args.controller_manager_qps, pool_sizes=sizes
+        args.dir,
+        controller_manager_qps=args.controller_manager_qps,
+        pool_sizes=sizes,
+        pool_copies=copies,
     )
     if args.command == "down":
         plane.stop()
@@ -63,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if running else 1
     try:
         plane.start()
+        if args.jobset:
+            # Its pid joins the cluster's in state.json: `down` ends it too.
+            JobSet(plane).start()
     except ClusterError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -40,6 +40,7 @@ IDENTITIES = {
 }
 FAKE_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 SERVICE_CIDR = "10.96.0.0/16"
+NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 
 
 class ClusterError(RuntimeError):
@@ -148,14 +149,17 @@ class ControlPlane:
         binaries: Binaries | None = None,
         controller_manager_qps: int | None = None,
         pool_sizes: Mapping[str, int] | None = None,
+        pool_copies: Mapping[str, str] | None = None,
     ):
         """`controller_manager_qps` raises kube-controller-manager's client rate limit (burst
         twice that) from its default of 20/s; `pool_sizes` overrides nodes.yaml's node count of
-        the pools it names. Scale benchmarks need them, tests do not."""
+        the pools it names; `pool_copies` adds pools (new name -> nodes.yaml pool to copy, see
+        `fake_nodes`). Scale benchmarks need them, tests do not."""
         self.workdir = Path(workdir).resolve()
         self._binaries = binaries
         self._kcm_qps = controller_manager_qps
         self._pool_sizes = dict(pool_sizes or {})
+        self._pool_copies = dict(pool_copies or {})
         self._procs: dict[str, subprocess.Popen] = {}
         self.state = ClusterState.load(self.workdir)
 
@@ -557,7 +561,7 @@ class ControlPlane:
 
     def _create_nodes(self, timeout: float) -> None:
         """Create the fake node pools of nodes.yaml and wait until all are Ready."""
-        manifests = fake_nodes(self._pool_sizes)
+        manifests = fake_nodes(self._pool_sizes, self._pool_copies)
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(manifests))
         names = [m["metadata"]["name"] for m in manifests]
 
@@ -576,10 +580,18 @@ class ControlPlane:
         self.wait_for("kwok", all_ready, timeout, f"managing {len(names)} Ready nodes")
 
 
-def fake_nodes(sizes: Mapping[str, int] | None = None) -> list[dict]:
+def fake_nodes(
+    sizes: Mapping[str, int] | None = None, copies: Mapping[str, str] | None = None
+) -> list[dict]:
     """The nodes of every pool of nodes.yaml, named <pool>-<i>: as many as `sizes` says, else
-    as its count."""
+    as its count. `copies` adds pools (new name -> pool of nodes.yaml) shaped like another,
+    their GKE node pool label the new name: more slices of one shape, for benchmarks."""
     pools = yaml.safe_load((HERE / "nodes.yaml").read_text())["pools"]
+    for new, template in (copies or {}).items():
+        if template not in pools or new in pools:
+            raise ClusterError(f"cannot copy pool {template!r} as {new!r}")
+        spec = pools[template]
+        pools[new] = {**spec, "labels": {**spec["labels"], NODE_POOL_LABEL: new}}
     unknown = set(sizes or {}) - set(pools)
     if unknown:
         raise ClusterError(f"nodes.yaml has no pool {sorted(unknown)}")
