@@ -5,7 +5,11 @@ operator_scale.py needs the test control plane; it starts and stops it through
 """
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -29,3 +33,20 @@ def test_no_benchmark_imports_the_tests():
         for path in modules
     }
     assert {name: tests for name, tests in found.items() if tests} == {}
+
+
+@pytest.mark.cluster
+def test_placement_rate_places_both_ways_exclusively():
+    """The smallest run of benchmarks/placement_rate.py (its own control plane, with JobSet):
+    both ways put 2 slices of 2 hosts on 2 pools of their own."""
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.placement_rate", "--slices", "2", "--hosts", "2",
+         "--repeats", "1"],
+        cwd=BENCHMARKS.parent, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in run.stdout.splitlines() if line.startswith("| 0 ")]
+    assert [(r[1].strip(), r[5].strip()) for r in rows] == [
+        ("jobset", "True"),
+        ("affinity", "True"),
+    ]

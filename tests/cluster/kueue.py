@@ -288,7 +288,7 @@ class KueueRunner:
         if current is not None and current.is_running() and current.settings == settings:
             return current
         self.stop()
-        kueue = Kueue(self.cluster, settings=settings)
+        kueue = Kueue(self.cluster, settings)
         kueue.start()
         self.current = kueue
         return kueue

@@ -34,7 +34,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -96,6 +96,8 @@ class WebhookManager:
     webhook_names: ClassVar[dict[str, str]]
 
     cluster: ControlPlane
+    # Keyword-only from here: a subclass's own fields follow `cluster` (Kueue(cluster, settings)).
+    _: KW_ONLY
     folder: Path | None = None
     webhook_port: int = 0
     health_port: int = 0
