@@ -120,7 +120,7 @@ def test_exclusive_topology_gives_each_slice_a_node_pool_of_its_own(jobset, api,
 @pytest.mark.parametrize(
     "kueue_settings", [KueueSettings(frameworks=("batch/job", f"{GROUP}/jobset"))]
 )
-def test_kueue_admits_a_queued_jobset_as_one_workload(jobset, kueue, kueue_objects, api, namespace):
+def test_kueue_admits_a_queued_jobset_as_one_workload(kueue_jobsets, kueue_objects, api, namespace):
     """Kueue's JobSet integration: one Workload for the whole set, one pod set per
     replicated Job counting all its pods, admitted on the TPU flavor; then every pod runs."""
     queue = kueue_objects.queue({"tpu": {"google.com/tpu": 16, "cpu": 16, "memory": "64Gi"}})
