@@ -120,3 +120,19 @@ def test_up_and_down_by_hand_leave_no_process_behind(tmp_path):
     assert not [name for name, pid in pids.items() if _pid_alive(pid)]
     status = subprocess.run([*cli, "status"], cwd=REPO, env=env, capture_output=True, text=True)
     assert status.returncode == 1 and "not running" in status.stdout
+
+
+def test_a_copied_pool_is_its_template_under_its_own_node_pool_label():
+    """What benchmarks/placement_rate.py asks for: more TPU slices of nodes.yaml's shape."""
+    nodes = {n["metadata"]["name"]: n for n in fake_nodes({"tpu-c": 2}, {"tpu-c": "tpu"})}
+    copy, template = nodes["tpu-c-1"], nodes["tpu-0"]
+    assert "tpu-c-2" not in nodes
+    assert copy["metadata"]["labels"] == {
+        **template["metadata"]["labels"],
+        "kubernetes.io/hostname": "tpu-c-1",
+        "evokube.io/test-pool": "tpu-c",
+        "cloud.google.com/gke-nodepool": "tpu-c",
+    }
+    assert (copy["spec"], copy["status"]) == (template["spec"], template["status"])
+    with pytest.raises(ClusterError, match="cannot copy pool"):
+        fake_nodes(copies={"tpu": "cpu"})
