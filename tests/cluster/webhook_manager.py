@@ -33,6 +33,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
@@ -88,7 +89,7 @@ def kustomized_webhooks(webhook_dir: Path) -> list[dict]:
 
 
 @dataclass
-class WebhookManager:
+class WebhookManager(ABC):
     """One manager process on a started control plane."""
 
     component: ClassVar[str]  # build.sh's name for it, and the binary's
@@ -111,22 +112,22 @@ class WebhookManager:
         """Its log and its entry in the cluster's state.json."""
         return self.component
 
+    @abstractmethod
     def configuration(self) -> dict[str, Any]:
         """The manager's configuration file (written to config.yaml)."""
-        raise NotImplementedError
 
     def wanted(self, hook: dict) -> bool:
         """Whether to register one webhook of the manifests."""
         return True
 
+    @abstractmethod
     def webhooks_answer(self) -> bool:
         """A dry-run request that only passes once the webhooks serve."""
-        raise NotImplementedError
 
-    def prepare(self) -> None:
+    def prepare(self) -> None:  # noqa: B027 (optional hook)
         """Called after the certificates are written, before the CRDs go in."""
 
-    def after_start(self, timeout: float) -> None:
+    def after_start(self, timeout: float) -> None:  # noqa: B027 (optional hook)
         """Called once the webhooks answer."""
 
     def command(self) -> list[str]:
