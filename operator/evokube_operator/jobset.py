@@ -38,9 +38,8 @@ def jobset(
 ) -> dict[str, Any]:
     """The JobSet of one gang attempt over `spec.accelerator.slices` slices."""
     template = builders.pod_template(exp, spec, attempt, trainer_token)
-    job_meta: dict[str, Any] = {
-        "labels": {**builders.common_labels(exp.name), api.LABEL_ATTEMPT: str(attempt)}
-    }
+    # No labels of ours on the slices' Jobs: the operator watches the JobSet as the gang's Job.
+    job_meta: dict[str, Any] = {}
     if spec.exclusive_topology_key:
         job_meta["annotations"] = {
             placement.EXCLUSIVE_TOPOLOGY_ANNOTATION: spec.exclusive_topology_key
