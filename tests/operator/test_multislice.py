@@ -8,6 +8,7 @@ JobSet's controller would) decides the phase, as a Job's does.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from evokube_operator import api, builders, jobset
 from evokube_operator.decide import BLOCKED_REQUEUE_SECONDS
 from evokube_operator.kube import Kube
 from evokube_operator.spec import Experiment, parse_spec
+from tests.helm.chart import trainer_token_mode
 from tests.operator.conftest import experiment_manifest
 
 pytestmark = pytest.mark.cluster
@@ -130,3 +132,39 @@ def test_a_multislice_experiment_waits_for_jobset_then_runs_as_one(k8s, namespac
         {"status": {"conditions": [done], "restarts": 0}},
     )
     k8s.wait_phase(namespace, "ms", api.SUCCEEDED)
+
+
+@pytest.mark.parametrize(("slice_id", "holds_token"), [(0, True), (1, False)])
+def test_only_host_0_of_slice_0_gets_the_trainer_token(
+    k8s, cluster, namespace, slice_id, holds_token
+):
+    """The chart's MutatingAdmissionPolicy, on a pod as JobSet's controller labels it (host 0
+    of each slice has completion index 0); where no such policy is served, the ValidatingAdmission
+    Policy names host 0 of Job <jobName>-slice-0 instead (helm/evokube/templates/admission.yaml)."""
+    if trainer_token_mode(cluster) != api.TOKEN_HOST_0:
+        pytest.skip("this Kubernetes serves no MutatingAdmissionPolicy (before 1.36)")
+    exp = Experiment.from_body(
+        experiment_manifest("ms", namespace, accelerator=TPU, population={"size": 32})
+        | {"metadata": {"name": "ms", "namespace": namespace, "uid": "u"}}
+    )
+    template = jobset.jobset(exp, parse_spec(exp.spec), 0)["spec"]["replicatedJobs"][0]
+    pod_template = template["template"]["spec"]["template"]
+    metadata = pod_template["metadata"]
+    metadata["labels"] |= {
+        api.JOB_INDEX_LABEL: str(slice_id),
+        api.COMPLETION_INDEX_ANNOTATION: "0",  # also a label of an Indexed Job's pods
+    }
+    metadata["annotations"][api.COMPLETION_INDEX_ANNOTATION] = "0"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {**metadata, "name": f"ms-0-slice-{slice_id}-0-abcde", "namespace": namespace},
+        # The experiment's own account is the operator's to create; the policy looks at labels.
+        "spec": {**pod_template["spec"], "serviceAccountName": "default"},
+    }
+    created = json.loads(
+        k8s.cluster.kubectl("create", "-o", "json", "-f", "-", input=json.dumps(pod)).stdout
+    )
+    names = {v["name"] for v in created["spec"]["volumes"]}
+    k8s.core.delete_namespaced_pod(pod["metadata"]["name"], namespace, grace_period_seconds=0)
+    assert ("evokube-api-access" in names) is holds_token
