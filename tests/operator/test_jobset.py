@@ -4,12 +4,15 @@ that jax.distributed and libtpu read, resolved for every pod as the kubelet woul
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
+import yaml
 
 import evokube_contract as contract
 from evokube_operator import api, builders, jobset, placement
-from evokube_operator.spec import parse_spec
+from evokube_operator.spec import Experiment, parse_spec
+from evokube_trainer.runtime import manifest
 from tests.operator.factories import TPU, experiment
 
 SLICES, HOSTS = 2, 4  # 2 x v5e-16
@@ -126,3 +129,22 @@ def test_one_slice_keeps_the_single_slice_environment():
 
 def test_the_jobset_is_pure():
     assert _build()[2] == _build()[2]
+
+
+def test_the_gke_example_is_two_v5e_16_slices_of_four_hosts():
+    path = Path(__file__).parents[2] / "examples/gke/multislice/tpu-v5e-16x2.yaml"
+    document = yaml.safe_load(path.read_text())
+    assert manifest.check(document)[1] == []  # `evokube validate`
+    exp = Experiment.from_body(
+        {**document, "metadata": {**document["metadata"], "namespace": "ml"}}
+    )
+    spec = parse_spec(exp.spec)
+    built = jobset.jobset(exp, spec, 0)
+    [rjob] = built["spec"]["replicatedJobs"]
+    assert (rjob["replicas"], rjob["template"]["spec"]["completions"]) == (2, 4)
+    pod = rjob["template"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {
+        api.TPU_ACCELERATOR_SELECTOR: "tpu-v5-lite-podslice",
+        api.TPU_TOPOLOGY_SELECTOR: "4x4",
+    }
+    assert pod["containers"][0]["resources"]["limits"] == {api.TPU_RESOURCE: 4}
