@@ -11,6 +11,8 @@ import yaml
 
 import evokube_contract as contract
 from evokube_operator import api, builders, jobset, placement
+from evokube_operator.observe import JobView, PodView, gang_pods
+from evokube_operator.policies import success
 from evokube_operator.spec import Experiment, parse_spec
 from evokube_trainer.runtime import manifest
 from tests.operator.factories import TPU, experiment
@@ -148,3 +150,49 @@ def test_the_gke_example_is_two_v5e_16_slices_of_four_hosts():
         api.TPU_TOPOLOGY_SELECTOR: "4x4",
     }
     assert pod["containers"][0]["resources"]["limits"] == {api.TPU_RESOURCE: 4}
+
+
+def _jobset_pod(slice_id: int, host: int, phase: str = "Running") -> PodView:
+    """A pod as JobSet's controller and the Job controller label it."""
+    return PodView.from_body(
+        {
+            "metadata": {
+                "name": f"demo-3-slice-{slice_id}-{host}-abcde",
+                "labels": {
+                    api.JOBSET_NAME_LABEL: "demo-3",
+                    api.JOBSET_UID_LABEL: "set-uid",
+                    api.JOB_NAME_LABEL: f"demo-3-slice-{slice_id}",
+                    api.JOB_UID_LABEL: f"job-uid-{slice_id}",
+                    api.JOB_INDEX_LABEL: str(slice_id),
+                    api.LABEL_ATTEMPT: "3",
+                },
+                "annotations": {api.COMPLETION_INDEX_ANNOTATION: str(host)},
+            },
+            "status": {"phase": phase},
+        }
+    )
+
+
+def test_the_jobset_and_its_pods_read_as_one_gang():
+    pod = _jobset_pod(1, 2)
+    assert (pod.job_name, pod.job_uid, pod.slice, pod.index) == ("demo-3", "set-uid", 1, 2)
+    assert pod.host_key == (1, 2) and pod.host.startswith("slice 1 host 2 ")
+    body = {
+        "kind": jobset.KIND,
+        "metadata": {"name": "demo-3", "uid": "set-uid", "labels": {api.LABEL_ATTEMPT: "3"}},
+        "status": {"conditions": [{"type": "Completed", "status": "True"}]},
+    }
+    view = JobView.from_body(body)
+    assert (view.kind, view.complete, view.attempt) == (jobset.KIND, True, 3)
+    assert gang_pods(view, [pod]) == [pod]
+
+
+def test_hosts_of_different_slices_with_one_index_are_different_hosts():
+    one_slice = [_jobset_pod(0, host) for host in range(HOSTS)]
+    both = one_slice + [_jobset_pod(1, host) for host in range(HOSTS)]
+    assert not success.all_running(one_slice, SLICES * HOSTS)
+    assert success.all_running(both, SLICES * HOSTS)
+    done = [_jobset_pod(s, h, "Succeeded") for s in range(SLICES) for h in range(HOSTS)]
+    view = JobView("demo-3", "set-uid", 3, kind=jobset.KIND)
+    assert not success.succeeded(view, done[:HOSTS], SLICES * HOSTS)
+    assert success.succeeded(view, done, SLICES * HOSTS)
