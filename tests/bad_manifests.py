@@ -1474,3 +1474,83 @@ GOOD_MANIFESTS += [
         {"spec": largest_experiment("ok", "default", BASE["spec"]["image"])["spec"]},
     ),
 ]
+
+
+# Multislice (issue 25): spec.accelerator.tpu.slices, 2 x v5e-16 (32 chips, 8 hosts) below.
+def _slices(slices: Any, topology: str = "4x4", chips_per_host: int = 4) -> dict[str, Any]:
+    tpu = {"type": "t", "topology": topology, "chipsPerHost": chips_per_host, "slices": slices}
+    return {"spec.accelerator": {"type": "tpu", "tpu": tpu}, "spec.population.size": 32}
+
+
+MULTISLICE = _slices(2)
+BAD_MANIFESTS += [
+    *_bad(
+        "spec.accelerator.tpu.slices",
+        {
+            "no slices": _slices(0),
+            "65 slices": {**_slices(65), "spec.population.size": 65 * 16},
+            "slices not a number": _slices("two"),
+            # 17 slices of 256 single-chip hosts: 4352 hosts.
+            "slices x hosts over 4096": {
+                **_slices(17, "16x16", 1),
+                "spec.population.size": 17 * 256,
+            },
+        },
+    ),
+    BadManifest(
+        "population does not shard over every slice's chips",
+        {**MULTISLICE, "spec.population.size": 16},
+        "spec.population.size",
+    ),
+    BadManifest(
+        "a slice's topology does not divide into hosts",
+        {**_slices(2, "2x3"), "spec.population.size": 48},
+        "spec.accelerator.tpu.topology",
+    ),
+    BadManifest(
+        "slices on gpu (multi-node gpu is accelerator.hosts)",
+        {
+            "spec.accelerator": {
+                "type": "gpu",
+                "gpu": {"count": 1},
+                "tpu": {"type": "t", "topology": "2x2", "slices": 2},
+            }
+        },
+        "spec.accelerator.tpu",
+    ),
+    BadManifest(
+        "slices on cpu",
+        {
+            "spec.accelerator": {
+                "type": "cpu",
+                "tpu": {"type": "t", "topology": "2x2", "slices": 2},
+            }
+        },
+        "spec.accelerator.tpu",
+    ),
+    BadManifest(
+        "a multislice name too long for its host names",
+        {**MULTISLICE, "metadata.name": "m" * 44},
+        "metadata.name",
+    ),
+    *_bad(
+        "spec.env",
+        {
+            f"{name} in env on tpu": {**MULTISLICE, "spec.env": [{"name": name, "value": "1"}]}
+            for name in (
+                "MEGASCALE_COORDINATOR_ADDRESS",
+                "MEGASCALE_NUM_SLICES",
+                "MEGASCALE_SLICE_ID",
+                "MEGASCALE_PORT",
+            )
+        },
+    ),
+]
+GOOD_MANIFESTS += [
+    GoodManifest("2 slices of v5e-16", MULTISLICE),
+    GoodManifest("a multislice name of 43 characters", {**MULTISLICE, "metadata.name": "m" * 43}),
+    GoodManifest("a long name on one slice", {**_slices(1), "metadata.name": "m" * 52}),
+    GoodManifest(
+        "64 slices of 64 hosts", {**_slices(64, "16x16"), "spec.population.size": 64 * 256}
+    ),
+]

@@ -36,7 +36,7 @@ OPERATOR = (
     ("evokube_operator.placement", "evokube_operator.spec"),  # the spec, read into values
     ("evokube_operator.observe", "evokube_operator.ownership"),  # what the watches saw
     ("evokube_operator.policies",),  # one rule each: failure, success, start-up, deadlines
-    ("evokube_operator.builders",),  # desired objects (pure)
+    ("evokube_operator.builders", "evokube_operator.jobset"),  # desired objects (pure)
     ("evokube_operator.decide",),  # observation -> plan (pure)
     ("evokube_operator.kube", "evokube_operator.leader", "evokube_operator.metrics"),  # I/O
     ("evokube_operator.reconcile", "evokube_operator.controller"),  # carries a plan out

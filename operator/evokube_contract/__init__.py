@@ -35,10 +35,16 @@ LABEL_ATTEMPT: Final = "evokube.io/attempt"  # gang attempt number (Jobs and pod
 MANIFEST_ANNOTATION: Final = "evokube.io/manifest"
 # Kubernetes' own: an Indexed Job's pod's index, the trainer's process id.
 COMPLETION_INDEX_ANNOTATION: Final = "batch.kubernetes.io/job-completion-index"
+# JobSet's (jobset.sigs.k8s.io, api/jobset/v1alpha2): a multislice pod's slice, the index of its
+# Job within the JobSet's replicated Job; the trainer's MEGASCALE_SLICE_ID.
+JOB_INDEX_LABEL: Final = "jobset.sigs.k8s.io/job-index"
 
 # -- ports of the trainer pods: spec.metricsPort's and spec.coordinatorPort's defaults ----------
 METRICS_PORT: Final = 9100  # Prometheus /metrics of every process (ENV_METRICS_PORT)
 COORDINATOR_PORT: Final = 8476  # jax.distributed's coordinator on host 0 (ENV_COORDINATOR)
+# The megascale (DCN) coordinator's port on host 0 of slice 0, multislice only: next to the
+# coordinator's (libtpu's default, 8080, is the operator's own port in the chart).
+MEGASCALE_PORT: Final = 8477
 
 # -- the trainer container and its files --------------------------------------------------------
 CONTAINER: Final = "trainer"
@@ -70,6 +76,12 @@ ENV_METRICS_PORT: Final = "EVOKUBE_METRICS_PORT"
 ENV_XLA_FLAGS: Final = "XLA_FLAGS"
 ENV_TPU_WORKER_ID: Final = "TPU_WORKER_ID"  # read by libtpu, not by evokube
 ENV_TPU_WORKER_HOSTNAMES: Final = "TPU_WORKER_HOSTNAMES"  # read by libtpu, not by evokube
+# Multislice (spec.accelerator.tpu.slices > 1): libtpu joins the slices over the data-center
+# network through these; the process id is global_process_id() of them.
+ENV_MEGASCALE_COORDINATOR: Final = "MEGASCALE_COORDINATOR_ADDRESS"  # host 0 of slice 0
+ENV_MEGASCALE_NUM_SLICES: Final = "MEGASCALE_NUM_SLICES"
+ENV_MEGASCALE_SLICE_ID: Final = "MEGASCALE_SLICE_ID"  # JOB_INDEX_LABEL
+ENV_MEGASCALE_PORT: Final = "MEGASCALE_PORT"  # MEGASCALE_PORT
 ENV_REPORT_STATUS: Final = "EVOKUBE_REPORT_STATUS"  # "1": process 0 patches status.progress
 ENV_HOME: Final = "HOME"  # SCRATCH_DIR: writable, unlike the image's home
 ENV_HISTORY: Final = "EVOKUBE_HISTORY"  # set by `evokube run` only
@@ -86,6 +98,10 @@ ENV_VARS: Final = (
     ENV_XLA_FLAGS,
     ENV_TPU_WORKER_ID,
     ENV_TPU_WORKER_HOSTNAMES,
+    ENV_MEGASCALE_COORDINATOR,
+    ENV_MEGASCALE_NUM_SLICES,
+    ENV_MEGASCALE_SLICE_ID,
+    ENV_MEGASCALE_PORT,
     ENV_REPORT_STATUS,
     ENV_HOME,
     ENV_HISTORY,
@@ -107,10 +123,29 @@ OPERATOR_ENV: Final = (
     ENV_HOME,
 )
 OPERATOR_ENV_ON: Final = MappingProxyType(
-    {"cpu": (ENV_XLA_FLAGS,), "tpu": (ENV_TPU_WORKER_ID, ENV_TPU_WORKER_HOSTNAMES)}
+    {
+        "cpu": (ENV_XLA_FLAGS,),
+        "tpu": (
+            ENV_TPU_WORKER_ID,
+            ENV_TPU_WORKER_HOSTNAMES,
+            ENV_MEGASCALE_COORDINATOR,
+            ENV_MEGASCALE_NUM_SLICES,
+            ENV_MEGASCALE_SLICE_ID,
+            ENV_MEGASCALE_PORT,
+        ),
+    }
 )
 ENV_PREFIX: Final = "EVOKUBE_"
 USER_ENV: Final = (ENV_LOG_LEVEL,)
+
+
+def global_process_id(process_id: int, slice_id: int, num_processes: int, num_slices: int) -> int:
+    """The jax.distributed process id of host `process_id` (JAX_PROCESS_ID, the completion index
+    within its slice) of slice `slice_id`: a pod cannot compute it by the downward API, so the
+    operator sends both and the trainer adds them. One slice (slice 0 of 1): `process_id`."""
+    return slice_id * (num_processes // num_slices) + process_id
+
+
 # Kubernetes' default terminationMessagePath: the kubelet reads the container's termination
 # message there, and the operator copies it into the experiment's status.
 TERMINATION_LOG: Final = "/dev/termination-log"

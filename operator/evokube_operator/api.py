@@ -31,6 +31,7 @@ from evokube_contract import (  # noqa: F401
     EXIT_RETRIABLE,
     EXIT_SUCCESS,
     GROUP,
+    JOB_INDEX_LABEL,
     KIND,
     LABEL_ATTEMPT,
     LABEL_EXPERIMENT,
@@ -67,6 +68,9 @@ METRICS_PORT_NAME: Final = "metrics"  # what the chart's PodMonitor scrapes
 # -- Kubernetes' own keys the operator reads -----------------------------------
 JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"
 JOB_UID_LABEL: Final = "batch.kubernetes.io/controller-uid"
+# JobSet's labels on the pods of a multislice gang (jobset.py): the set, and the pod's slice.
+JOBSET_NAME_LABEL: Final = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_UID_LABEL: Final = "jobset.sigs.k8s.io/jobset-uid"
 DISRUPTION_TARGET: Final = "DisruptionTarget"  # pod condition: evicted or preempted
 
 # -- node selectors, resources and taints of GKE accelerator pools ----------------
@@ -143,6 +147,8 @@ REASON_DEADLINE: Final = "DeadlineExceeded"
 REASON_INVALID_SPEC: Final = "InvalidSpec"
 # Blocked: an object the experiment needs has a name taken by one it does not own.
 REASON_NAME_CONFLICT: Final = "NameConflict"
+# Blocked: spec.accelerator.tpu.slices > 1 and the cluster serves no jobset.x-k8s.io JobSet.
+REASON_JOBSET_NOT_SERVED: Final = "JobSetNotServed"
 # Blocked: the checkpoint claim is missing or not labelled LABEL_CHECKPOINT_CLAIM=true.
 REASON_CLAIM_NOT_ALLOWED: Final = "ClaimNotAllowed"
 # Blocked: spec.serviceAccountName is missing or not labelled LABEL_TRAINER_ACCOUNT=true.

@@ -14,6 +14,7 @@ controls (ownership.py), as anybody may take a name first:
 | NetworkPolicy (unless turned off) | `<experiment>` |
 | ServiceAccount, Role, RoleBinding | `<experiment>-trainer` |
 | Indexed Job of attempt n | `<experiment>-<n>` (n = status.attempt) |
+| multislice JobSet of attempt n (jobset.py) | `<experiment>-<n>`, Jobs `...-slice-<s>` |
 """
 
 from __future__ import annotations
@@ -52,9 +53,29 @@ def job_name(experiment: str, attempt: int) -> str:
     return f"{experiment}-{attempt}"
 
 
-def coordinator_address(experiment: str, attempt: int, port: int) -> str:
-    """Host 0 of the attempt's Job, by its stable name under the headless Service."""
-    return f"{job_name(experiment, attempt)}-0.{service_name(experiment)}:{port}"
+# The JobSet's one replicated Job: one Job per slice, <jobset>-slice-<s> (JobSet's naming).
+SLICE_JOB = "slice"
+
+
+def slice_job_name(experiment: str, attempt: int, slice_id: int | str) -> str:
+    """The Job of slice `slice_id` of the attempt's JobSet (`$(VAR)` in an env value works)."""
+    return f"{job_name(experiment, attempt)}-{SLICE_JOB}-{slice_id}"
+
+
+def host_job_name(experiment: str, attempt: int, slices: int, slice_id: int | str = 0) -> str:
+    """The Job whose pods are the hosts of slice `slice_id`: the gang's own Job on one slice."""
+    if slices == 1:
+        return job_name(experiment, attempt)
+    return slice_job_name(experiment, attempt, slice_id)
+
+
+def coordinator_host(experiment: str, attempt: int, slices: int = 1) -> str:
+    """Host 0 (of slice 0), by its stable name under the headless Service."""
+    return f"{host_job_name(experiment, attempt, slices)}-0.{service_name(experiment)}"
+
+
+def coordinator_address(experiment: str, attempt: int, port: int, slices: int = 1) -> str:
+    return f"{coordinator_host(experiment, attempt, slices)}:{port}"
 
 
 # -- metadata ------------------------------------------------------------------------
@@ -331,21 +352,16 @@ def trainer_env(exp: Experiment, spec: ExperimentSpec, attempt: int) -> list[dic
     (and the experiment's name and namespace) reaches the trainer in the manifest alone.
     """
     acc = spec.accelerator
+    index = f"metadata.annotations['{api.COMPLETION_INDEX_ANNOTATION}']"
     env: list[dict[str, Any]] = [
         {"name": api.ENV_MANIFEST, "value": api.MANIFEST_PATH},
         {
             "name": api.ENV_COORDINATOR,
-            "value": coordinator_address(exp.name, attempt, spec.coordinator_port),
+            "value": coordinator_address(exp.name, attempt, spec.coordinator_port, acc.slices),
         },
-        {"name": api.ENV_NUM_PROCESSES, "value": str(acc.hosts)},
-        {
-            "name": api.ENV_PROCESS_ID,
-            "valueFrom": {
-                "fieldRef": {
-                    "fieldPath": f"metadata.annotations['{api.COMPLETION_INDEX_ANNOTATION}']"
-                }
-            },
-        },
+        {"name": api.ENV_NUM_PROCESSES, "value": str(acc.processes)},
+        # Within its slice; the trainer adds the slice's (evokube_contract.global_process_id).
+        {"name": api.ENV_PROCESS_ID, "valueFrom": {"fieldRef": {"fieldPath": index}}},
         {"name": api.ENV_CHECKPOINT_DIR, "value": spec.checkpoint_location},
         {"name": api.ENV_METRICS_PORT, "value": str(spec.metrics_port)},
         {"name": api.ENV_REPORT_STATUS, "value": "1"},
@@ -358,9 +374,12 @@ def trainer_env(exp: Experiment, spec: ExperimentSpec, attempt: int) -> list[dic
                 "value": f"--xla_force_host_platform_device_count={acc.devices_per_host}",
             }
         )
+    slice_id = placement.SLICE_ID_REF  # resolved by the kubelet from the env var above it
+    if acc.slices > 1:  # libtpu joins the slices (placement.py); defines SLICE_ID_REF's variable
+        coordinator = coordinator_host(exp.name, attempt, acc.slices)
+        env += placement.megascale_env(coordinator, acc.slices)
     if acc.type == "tpu" and acc.hosts > 1:  # libtpu's view of the slice (placement.py)
-        index = f"metadata.annotations['{api.COMPLETION_INDEX_ANNOTATION}']"
-        job = job_name(exp.name, attempt)
+        job = host_job_name(exp.name, attempt, acc.slices, slice_id)
         env += placement.tpu_worker_env(job, service_name(exp.name), acc.hosts, index)
     return env
 
@@ -422,14 +441,18 @@ def _tolerations(spec: ExperimentSpec) -> list[dict[str, Any]]:
     return out
 
 
-def job(
+def pod_template(
     exp: Experiment,
     spec: ExperimentSpec,
     attempt: int,
-    active_deadline_seconds: int | None = None,
     trainer_token: str = api.TOKEN_HOST_0,
+    exclusive_topology_key: str | None = None,
 ) -> dict[str, Any]:
-    """The Indexed Job of one gang attempt: one pod per host, all or nothing."""
+    """The pod template of every trainer host, on one slice or many (jobset.py).
+
+    `exclusive_topology_key`: the slice the gang keeps to itself by pod (anti-)affinity terms
+    (placement.py); None where nothing or JobSet's exclusive-topology annotation does it.
+    """
     acc = spec.accelerator
     pod_security, container_security = security_contexts(acc)
     checkpoint_volumes, checkpoint_mounts = _checkpoint_volume(spec)
@@ -499,9 +522,7 @@ def job(
     if tolerations:
         pod_spec["tolerations"] = tolerations
     # The user's affinity, plus one slice to itself for an exclusive gang (placement.py).
-    affinity = placement.pod_affinity(
-        spec.affinity, gang_key(exp, attempt), spec.exclusive_topology_key
-    )
+    affinity = placement.pod_affinity(spec.affinity, gang_key(exp, attempt), exclusive_topology_key)
     if affinity:
         pod_spec["affinity"] = affinity
     if spec.priority_class_name:
@@ -511,16 +532,37 @@ def job(
         **spec.pod_annotations,
         api.MANIFEST_ANNOTATION: manifest_yaml(exp),
     }
+    return {"metadata": template_meta, "spec": pod_spec}
+
+
+def indexed_job_spec(
+    spec: ExperimentSpec, template: Mapping[str, Any], active_deadline_seconds: int | None
+) -> dict[str, Any]:
+    """One slice's Indexed Job: one pod per host, all or nothing."""
+    hosts = spec.accelerator.hosts
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed",
-        "completions": acc.hosts,
-        "parallelism": acc.hosts,
+        "completions": hosts,
+        "parallelism": hosts,
         "backoffLimit": 0,
         "podFailurePolicy": failure.pod_failure_policy(),
-        "template": {"metadata": template_meta, "spec": pod_spec},
+        "template": template,
     }
     if active_deadline_seconds is not None:
         job_spec["activeDeadlineSeconds"] = max(1, int(active_deadline_seconds))
+    return job_spec
+
+
+def job(
+    exp: Experiment,
+    spec: ExperimentSpec,
+    attempt: int,
+    active_deadline_seconds: int | None = None,
+    trainer_token: str = api.TOKEN_HOST_0,
+) -> dict[str, Any]:
+    """The Indexed Job of one gang attempt on one slice."""
+    template = pod_template(exp, spec, attempt, trainer_token, spec.exclusive_topology_key)
+    job_spec = indexed_job_spec(spec, template, active_deadline_seconds)
     if spec.queue_name:  # Kueue admits it (unsuspends) when the whole gang fits its quota
         job_spec["suspend"] = True
     return {

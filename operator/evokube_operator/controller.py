@@ -35,6 +35,7 @@ class Indices:
     experiments: Mapping[Key, Any]  # ExperimentViews
     jobs: Mapping[Key, Any]
     pods: Mapping[Key, Any]
+    jobsets: Mapping[Key, Any] = field(default_factory=dict)  # JobViews of multislice gangs
 
     def snapshot(self, key: Key) -> tuple[dict | None, tuple, tuple]:
         """The experiment's body (parsed afresh from its view) and copies of its Jobs and
@@ -42,7 +43,7 @@ class Indices:
         views = list(self.experiments.get(key, ()))
         return (
             views[0].body() if views else None,
-            tuple(self.jobs.get(key, ())),
+            (*self.jobs.get(key, ()), *self.jobsets.get(key, ())),
             tuple(self.pods.get(key, ())),
         )
 

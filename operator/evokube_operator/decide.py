@@ -65,6 +65,7 @@ _FIELDS = {
     "phase": "phase",
     "observedGeneration": "observed_generation",
     "hosts": "hosts",
+    "slices": "slices",
     "restarts": "restarts",
     "preemptions": "preemptions",
     "attempt": "attempt",
@@ -84,7 +85,8 @@ class Status:
 
     phase: str | None = None
     observed_generation: int | None = None
-    hosts: int | None = None
+    hosts: int | None = None  # of all slices
+    slices: int | None = None  # only when more than 1 (multislice: a JobSet)
     restarts: int = 0
     preemptions: int = 0
     # The gang attempt (the Job's name, its pods' LABEL_ATTEMPT): one more at each gang restart,
@@ -305,7 +307,7 @@ def _decide_active(step: _Step, old: Status, spec: ExperimentSpec) -> Plan:
             return _restart(step, status, spec, verdict, events)
         # backoffLimit 0: the Job controller stops the other hosts and keeps the pods (logs).
         return _fail(step, status, verdict.reason, verdict.message, spec, events, stop=False)
-    if success.succeeded(job, pods, spec.accelerator.hosts):
+    if success.succeeded(job, pods, spec.accelerator.processes):
         return _succeed(step, status, spec, job, events)
     return _progress(step, status, spec, job, pods, events, left)
 
@@ -343,7 +345,7 @@ def _start(step: _Step, status: Status, spec: ExperimentSpec, events=()) -> Plan
     if refused is not None:
         blocker = Blocker(refused.reason, refused.message)
         return _blocked(step, status, spec, blocker, events, backoff=True)
-    attempt, hosts = status.attempt, spec.accelerator.hosts
+    attempt, hosts, slices = status.attempt, spec.accelerator.processes, spec.accelerator.slices
     name = builders.job_name(exp.name, attempt)
     start = status.start_time or step.now
     phase = api.RESTARTING if status.phase == api.RESTARTING else api.PENDING
@@ -352,9 +354,12 @@ def _start(step: _Step, status: Status, spec: ExperimentSpec, events=()) -> Plan
         phase=phase,
         observed_generation=exp.generation,
         hosts=hosts,
+        slices=_slices(spec),
         job_name=name,
         job_uid=None,
-        coordinator_address=builders.coordinator_address(exp.name, attempt, spec.coordinator_port),
+        coordinator_address=builders.coordinator_address(
+            exp.name, attempt, spec.coordinator_port, slices
+        ),
         checkpoint_location=spec.checkpoint_location,
         start_time=start,
     )
@@ -420,6 +425,11 @@ def _checkpoint_durability(
     return conditions, (*events, Event("Warning", api.REASON_EMPTYDIR_CHECKPOINTS, message))
 
 
+def _slices(spec: ExperimentSpec) -> int | None:
+    """status.slices: set for a multislice gang only, so a single slice's status stays as it was."""
+    return spec.accelerator.slices if spec.accelerator.slices > 1 else None
+
+
 def _blocked(
     step: _Step,
     status: Status,
@@ -439,7 +449,8 @@ def _blocked(
         status,
         phase=api.RESTARTING if status.phase == api.RESTARTING else api.PENDING,
         observed_generation=step.exp.generation,
-        hosts=spec.accelerator.hosts,
+        hosts=spec.accelerator.processes,
+        slices=_slices(spec),
         job_name=None,
         job_uid=None,
         coordinator_address=None,
@@ -525,7 +536,7 @@ def _fail(
 
 
 def _succeed(step: _Step, status: Status, spec: ExperimentSpec, job: JobView, events=()):
-    message = f"all {spec.accelerator.hosts} hosts of Job {job.name} exited 0"
+    message = f"all {spec.accelerator.processes} hosts of Job {job.name} exited 0"
     conditions = step.conditions(
         status, cond.Condition(api.COND_SUCCEEDED, True, api.REASON_COMPLETED, message)
     )
@@ -596,7 +607,7 @@ def _progress(
     left: float | None,
 ) -> Plan:
     """The Job exists and nothing has ended: Pending, Running or still Restarting."""
-    hosts = spec.accelerator.hosts
+    hosts = spec.accelerator.processes
     events = tuple(events)
     if cond.is_true(status.conditions, api.COND_QUEUED):
         message = f"Kueue admitted Job {job.name}"

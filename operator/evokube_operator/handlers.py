@@ -25,7 +25,7 @@ from typing import Any
 
 import kopf
 
-from evokube_operator import api
+from evokube_operator import api, jobset
 from evokube_operator.controller import Controller, Indices
 from evokube_operator.kube import Kube
 from evokube_operator.leader import Elector, FencedKube, new_identity
@@ -61,6 +61,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
     managed = f"{api.LABEL_MANAGED_BY}={api.MANAGED_BY}"
     settings.watching.label_selectors["batch", "v1", "jobs"] = managed
     settings.watching.label_selectors["v1", "pods"] = managed
+    settings.watching.label_selectors[jobset.GROUP, jobset.VERSION, jobset.PLURAL] = managed
 
     metrics = Metrics()
     election, elector = options.leader_election, None
@@ -86,7 +87,12 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
             default_checkpoints=options.default_checkpoint_location,
             trainer_token=options.trainer_token,
         ),
-        Indices(kwargs["experiment_index"], kwargs["job_index"], kwargs["pod_index"]),
+        Indices(
+            kwargs["experiment_index"],
+            kwargs["job_index"],
+            kwargs["pod_index"],
+            kwargs["jobset_index"],
+        ),
         metrics,
         workers=options.workers,
         resync_seconds=options.resync_seconds,
@@ -196,6 +202,13 @@ def job_index(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: 
     return {(namespace, labels[api.LABEL_EXPERIMENT]): JobView.from_body(body)}
 
 
+# Multislice gangs (jobset.py). Without the JobSet CRD, Kopf only warns that it cannot watch
+# them, and the reconciler keeps such an experiment Blocked (reason JobSetNotServed).
+@kopf.index(jobset.GROUP, jobset.VERSION, jobset.PLURAL, labels=OWNED)
+def jobset_index(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any):
+    return {(namespace, labels[api.LABEL_EXPERIMENT]): JobView.from_body(body)}
+
+
 @kopf.index("v1", "pods", labels=OWNED)
 def pod_index(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any):
     return {(namespace, labels[api.LABEL_EXPERIMENT]): PodView.from_body(body)}
@@ -235,6 +248,13 @@ async def experiment_event(
 # -- its Jobs and pods ----------------------------------------------------------------------
 @kopf.on.event("batch", "v1", "jobs", labels=OWNED)
 async def job_event(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+    memo.controller.changed((namespace, labels[api.LABEL_EXPERIMENT]))
+
+
+@kopf.on.event(jobset.GROUP, jobset.VERSION, jobset.PLURAL, labels=OWNED)
+async def jobset_event(
+    namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any
+) -> None:
     memo.controller.changed((namespace, labels[api.LABEL_EXPERIMENT]))
 
 

@@ -19,7 +19,7 @@ from urllib.parse import quote, urlencode
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 
-from evokube_operator import api
+from evokube_operator import api, jobset
 from evokube_operator.ownership import NameConflict, is_owned_by
 from evokube_operator.policies.refusal import REFUSAL_CODES, Refusal
 
@@ -37,6 +37,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     api.KIND: (f"/apis/{api.GROUP}/{api.VERSION}", api.PLURAL),
     "Workload": (f"/apis/{api.KUEUE_GROUP}/{api.KUEUE_VERSION}", "workloads"),  # read only
+    jobset.KIND: (f"/apis/{jobset.GROUP}/{jobset.VERSION}", jobset.PLURAL),  # multislice
 }
 
 
@@ -135,6 +136,17 @@ class Kube:
         if not 200 <= status < 300:
             raise ApiError(status, payload.get("message", ""), payload.get("reason", ""))
         return payload
+
+    def serves(self, kind: str) -> bool:
+        """Whether the API server serves `kind` (discovery: its group version lists it)."""
+        prefix, plural = KINDS[kind]
+        try:
+            found = self.request("GET", kind, prefix)
+        except ApiError as err:
+            if err.status == 404:
+                return False
+            raise
+        return any(r.get("name") == plural for r in found.get("resources") or [])
 
     # -- objects ------------------------------------------------------------------------
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any]:

@@ -123,6 +123,9 @@ class PodView:
     unschedulable_since: datetime | None = None
     unschedulable_message: str = ""
     created_at: datetime | None = None
+    # A multislice pod's slice (JobSet's job index); its index counts within the slice, and its
+    # job_name and job_uid are the JobSet's, the gang's. None: the gang's one Job.
+    slice: int | None = None
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> PodView:
@@ -147,8 +150,12 @@ class PodView:
         return cls(
             name=meta.get("name", ""),
             uid=meta.get("uid", ""),
-            job_name=labels.get(api.JOB_NAME_LABEL) or labels.get("job-name"),
-            job_uid=labels.get(api.JOB_UID_LABEL) or labels.get("controller-uid"),
+            job_name=labels.get(api.JOBSET_NAME_LABEL)
+            or labels.get(api.JOB_NAME_LABEL)
+            or labels.get("job-name"),
+            job_uid=labels.get(api.JOBSET_UID_LABEL)
+            or labels.get(api.JOB_UID_LABEL)
+            or labels.get("controller-uid"),
             attempt=_int_or_none(labels.get(api.LABEL_ATTEMPT)),
             index=_int_or_none(annotations.get(api.COMPLETION_INDEX_ANNOTATION)),
             phase=status.get("phase") or "Pending",
@@ -168,12 +175,19 @@ class PodView:
             unschedulable_message=(unscheduled.get("message") or "").strip()[:500]
             if unscheduled
             else "",
+            slice=_int_or_none(labels.get(api.JOB_INDEX_LABEL)),
         )
+
+    @property
+    def host_key(self) -> tuple[int, int] | None:
+        """Which host of the gang this pod is: (slice, index); None before it has an index."""
+        return None if self.index is None else (self.slice or 0, self.index)
 
     @property
     def host(self) -> str:
         index = "?" if self.index is None else self.index
-        return f"host {index} (pod {self.name})"
+        where = "" if self.slice is None else f"slice {self.slice} "
+        return f"{where}host {index} (pod {self.name})"
 
 
 @dataclass(frozen=True)
@@ -184,6 +198,8 @@ class JobFailure:
 
 @dataclass(frozen=True)
 class JobView:
+    """A gang's Job, or a multislice gang's JobSet (kind JobSet: its conditions read the same)."""
+
     name: str
     uid: str
     attempt: int | None
@@ -197,6 +213,7 @@ class JobView:
     # When the Job was last unsuspended (Kueue's admission): deleted pods created before belong
     # to a gang that Kueue evicted, and their exits are not failures of this one.
     resumed_at: datetime | None = None
+    kind: str = "Job"
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> JobView:
@@ -210,7 +227,9 @@ class JobView:
             uid=meta.get("uid", ""),
             attempt=_int_or_none((meta.get("labels") or {}).get(api.LABEL_ATTEMPT)),
             suspended=bool((body.get("spec") or {}).get("suspend")),
-            complete=_true_condition(status, "Complete") is not None,
+            # A JobSet's is Completed.
+            complete=(_true_condition(status, "Complete") or _true_condition(status, "Completed"))
+            is not None,
             failure=JobFailure(failed.get("reason") or "", failed.get("message") or "")
             if failed
             else None,
@@ -221,6 +240,7 @@ class JobView:
             resumed_at=parse_time(
                 (_condition(status, "Suspended", "False") or {}).get("lastTransitionTime")
             ),
+            kind=body.get("kind") or "Job",
         )
 
 

@@ -46,6 +46,18 @@ with a subdomain, parallelism above 1 and google.com/tpu requests, and other con
 them for every TPU gang of more than one host, from what it alone knows for sure:
 the completion index and the stable host names `<job>-<index>.<service>` of the
 headless Service, the same names JAX_COORDINATOR_ADDRESS uses.
+
+Multislice
+----------
+Slices of a multislice gang (spec.accelerator.tpu.slices > 1) are the Jobs of one JobSet
+(jobset.py), `<jobset>-slice-<s>`; libtpu joins them over the data-center network (DCN)
+from MEGASCALE_COORDINATOR_ADDRESS (host 0 of slice 0), MEGASCALE_PORT,
+MEGASCALE_NUM_SLICES and MEGASCALE_SLICE_ID, which the downward API reads from the pod's
+JobSet label `jobset.sigs.k8s.io/job-index`. The pod template is one for all slices, so a
+slice's TPU_WORKER_HOSTNAMES names its own Job through `$(MEGASCALE_SLICE_ID)`, which the
+kubelet expands from the variable set before it. Each slice is kept to one node pool by
+JobSet's own exclusive-topology annotation (its webhook's terms, described above), not by
+the terms below.
 """
 
 from __future__ import annotations
@@ -55,13 +67,27 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 # libtpu's (and JAX's GkeTpuCluster's) view of the slice's hosts.
-from evokube_contract import ENV_TPU_WORKER_HOSTNAMES, ENV_TPU_WORKER_ID
+from evokube_contract import (
+    ENV_MEGASCALE_COORDINATOR,
+    ENV_MEGASCALE_NUM_SLICES,
+    ENV_MEGASCALE_PORT,
+    ENV_MEGASCALE_SLICE_ID,
+    ENV_TPU_WORKER_HOSTNAMES,
+    ENV_TPU_WORKER_ID,
+    JOB_INDEX_LABEL,
+    MEGASCALE_PORT,
+)
 from evokube_operator.util import plain
 
 # The pod label naming a gang (one Job): sha1("<namespace>/<job>") in hex, 40 characters.
 GANG_LABEL: Final = "evokube.io/gang"
 # A slice is a GKE node pool: one multi-host TPU slice per node pool.
 DEFAULT_TOPOLOGY_KEY: Final = "cloud.google.com/gke-nodepool"
+
+# JobSet's annotation on a replicated Job: each of its Jobs has one value of this node label.
+EXCLUSIVE_TOPOLOGY_ANNOTATION: Final = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+# The pod's slice, as an env value the kubelet expands (megascale_env defines the variable).
+SLICE_ID_REF: Final = f"$({ENV_MEGASCALE_SLICE_ID})"
 
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
@@ -136,4 +162,15 @@ def tpu_worker_env(job: str, service: str, hosts: int, index_field: str) -> list
     return [
         {"name": ENV_TPU_WORKER_ID, "valueFrom": {"fieldRef": {"fieldPath": index_field}}},
         {"name": ENV_TPU_WORKER_HOSTNAMES, "value": worker_hostnames(job, service, hosts)},
+    ]
+
+
+def megascale_env(coordinator_host: str, slices: int) -> list[dict[str, Any]]:
+    """libtpu's multislice variables; the slice id from the pod's JobSet job-index label."""
+    slice_field = f"metadata.labels['{JOB_INDEX_LABEL}']"
+    return [
+        {"name": ENV_MEGASCALE_COORDINATOR, "value": coordinator_host},
+        {"name": ENV_MEGASCALE_NUM_SLICES, "value": str(slices)},
+        {"name": ENV_MEGASCALE_SLICE_ID, "valueFrom": {"fieldRef": {"fieldPath": slice_field}}},
+        {"name": ENV_MEGASCALE_PORT, "value": str(MEGASCALE_PORT)},
     ]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from evokube_operator import api, builders
+from evokube_operator import api, builders, jobset
 from evokube_operator import conditions as cond
 from evokube_operator.decide import (
     JOB_EVENTS_REQUEUE_SECONDS,
@@ -290,7 +290,7 @@ class Reconciler:
             return None
         creating = plan.create_job is not None
         if creating:
-            blocker = self._references_blocker(exp, spec)
+            blocker = self._jobset_blocker(spec) or self._references_blocker(exp, spec)
             if blocker is not None:
                 return blocker
         conflicts: list[NameConflict] = []
@@ -317,8 +317,9 @@ class Reconciler:
         """The watch no longer shows the current Job: the API server says whether it is gone
         (or being deleted), or the watch is just behind (then decide with the Job as read)."""
         name, uid = job.job, job.uid
+        kind = jobset.KIND if int(exp.status.get("slices") or 1) > 1 else "Job"
         try:
-            found: dict[str, Any] | None = self.kube.get("Job", exp.namespace, name)
+            found: dict[str, Any] | None = self.kube.get(kind, exp.namespace, name)
         except ApiError as err:
             if err.status != 404:
                 raise
@@ -328,6 +329,18 @@ class Reconciler:
             if not view.deleting:
                 return replace(observation, jobs=(*observation.jobs, view))
         return replace(observation, job_gone=uid)
+
+    def _jobset_blocker(self, spec: ExperimentSpec) -> Blocker | None:
+        """A multislice gang needs a cluster that serves JobSets (asked at each creation, so
+        that installing JobSet unblocks it); a person must install it, hence Blocked."""
+        if spec.accelerator.slices == 1 or self.kube.serves(jobset.KIND):
+            return None
+        message = (
+            f"spec.accelerator.tpu.slices is {spec.accelerator.slices}: a multislice gang runs "
+            f"as a {jobset.KIND} ({jobset.GROUP}/{jobset.VERSION}), which this cluster does not "
+            "serve; install JobSet (docs/multislice.md) or use one slice"
+        )
+        return Blocker(api.REASON_JOBSET_NOT_SERVED, message)
 
     def _references_blocker(self, exp: Experiment, spec: ExperimentSpec) -> Blocker | None:
         """The first reason the spec's references keep the Job from being created: an account or
@@ -361,8 +374,10 @@ class Reconciler:
         return []
 
     def _job(self, exp: Experiment, plan: Plan) -> dict[str, Any]:
+        """The gang's Job, or JobSet of one Job per slice (multislice)."""
         assert plan.spec is not None and plan.create_job is not None, "decide plans no Job"
-        return builders.job(
+        build = jobset.jobset if plan.spec.accelerator.slices > 1 else builders.job
+        return build(
             exp, plan.spec, plan.create_job, plan.job_deadline, trainer_token=self.trainer_token
         )
 
@@ -373,10 +388,11 @@ class Reconciler:
         kept the Job from being created, if anything (the reconcile decides again)."""
         for event in plan.events:
             self._event(body, event.type, event.reason, event.message)
-        owned = {j.name: j.uid for j in jobs if j.owner_uid == exp.uid and not j.deleting}
+        owned = {j.name: j for j in jobs if j.owner_uid == exp.uid and not j.deleting}
         for name in plan.delete_jobs:  # decide names only Jobs it saw this experiment own
-            if self.kube.delete("Job", exp.namespace, name, uid=owned[name]):
-                log.info("%s/%s: deleted Job %s", exp.namespace, exp.name, name)
+            kind = owned[name].kind
+            if self.kube.delete(kind, exp.namespace, name, uid=owned[name].uid):
+                log.info("%s/%s: deleted %s %s", exp.namespace, exp.name, kind, name)
         if plan.create_job is not None:
             job = self._job(exp, plan)
             name = job["metadata"]["name"]
@@ -391,8 +407,10 @@ class Reconciler:
                 log.warning("%s/%s: %s", exp.namespace, exp.name, refused.message)
                 return refused
             if created:
-                hosts = job["spec"]["parallelism"]
-                message = f"created Job {name}: {hosts} hosts, attempt {plan.create_job}"
+                acc = plan.spec.accelerator
+                shape = f"{acc.slices} slices of {acc.hosts} hosts" if acc.slices > 1 else ""
+                hosts = shape or f"{acc.hosts} hosts"
+                message = f"created {job['kind']} {name}: {hosts}, attempt {plan.create_job}"
                 log.info("%s/%s: %s", exp.namespace, exp.name, message)
                 self._event(body, "Normal", api.REASON_JOB_CREATED, message)
                 if self.trainer_token == api.TOKEN_NONE:

@@ -26,11 +26,19 @@ class Accelerator:
     """Where each host runs and how many of them there are."""
 
     type: str  # cpu | gpu | tpu
-    hosts: int
+    hosts: int  # of one slice
     devices_per_host: int  # cpu: XLA host devices; gpu: GPUs; tpu: chips
     gpu_product: str | None = None
     tpu_type: str | None = None
     tpu_topology: str | None = None
+    # TPU slices of this type and topology, joined over the data-center network (multislice:
+    # docs/multislice.md); 1 for cpu and gpu, whose gangs over several nodes are `hosts`.
+    slices: int = 1
+
+    @property
+    def processes(self) -> int:
+        """Pods (jax.distributed processes) of all slices."""
+        return self.slices * self.hosts
 
 
 @dataclass(frozen=True)
@@ -177,6 +185,10 @@ def _objects(value: Any, path: str) -> tuple[Mapping[str, Any], ...]:
     return tuple(value)
 
 
+# The CRD's caps on spec.accelerator.tpu.slices and on the hosts of all slices together.
+MAX_SLICES = 64
+MAX_HOSTS = 4096
+
 # The CRD's maximum for durations: ten years, which datetime arithmetic holds comfortably.
 MAX_SECONDS = 315_360_000
 
@@ -245,12 +257,19 @@ def parse_accelerator(raw: Mapping[str, Any]) -> Accelerator:
                 f"spec.accelerator.hosts: {hosts} does not match topology {tpu['topology']} "
                 f"with {chips_per_host} chips per host ({derived} hosts)"
             )
+        slices = _int(tpu.get("slices"), "accelerator.tpu.slices", 1, 1, MAX_SLICES) or 1
+        if slices * derived > MAX_HOSTS:
+            raise SpecError(
+                f"spec.accelerator.tpu.slices: {slices} slices of {derived} hosts are more "
+                f"than {MAX_HOSTS} hosts"
+            )
         return Accelerator(
             "tpu",
             derived,
             chips_per_host,
             tpu_type=str(tpu["type"]),
             tpu_topology=str(tpu["topology"]),
+            slices=slices,
         )
     raise SpecError(f"spec.accelerator.type: unsupported value {kind!r}")
 

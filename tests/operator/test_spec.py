@@ -28,6 +28,13 @@ def test_topology_chips(topology, chips):
 def test_hosts_and_devices_follow_from_the_accelerator(accelerator, hosts, devices):
     parsed = parse_spec(spec(accelerator=accelerator)).accelerator
     assert (parsed.hosts, parsed.devices_per_host) == (hosts, devices)
+    assert (parsed.slices, parsed.processes) == (1, hosts)
+
+
+def test_slices_multiply_the_hosts_of_one_slice():
+    tpu = {"type": "t", "topology": "4x4", "slices": 2}
+    parsed = parse_spec(spec(accelerator={"type": "tpu", "tpu": tpu})).accelerator
+    assert (parsed.hosts, parsed.slices, parsed.processes) == (4, 2, 8)
 
 
 def test_defaults_match_the_crd():
@@ -59,6 +66,19 @@ def test_defaults_match_the_crd():
         (
             {"accelerator": {"type": "tpu", "hosts": 2, "tpu": {"type": "t", "topology": "4x4"}}},
             "spec.accelerator.hosts",
+        ),
+        (
+            {"accelerator": {"type": "tpu", "tpu": {"type": "t", "topology": "4x4", "slices": 0}}},
+            "spec.accelerator.tpu.slices",
+        ),
+        (  # 64 slices of 256 hosts
+            {
+                "accelerator": {
+                    "type": "tpu",
+                    "tpu": {"type": "t", "topology": "16x16", "chipsPerHost": 1, "slices": 64},
+                }
+            },
+            "spec.accelerator.tpu.slices",
         ),
         ({"maxRestarts": -1}, "spec.maxRestarts"),
         ({"maxRestarts": "3"}, "spec.maxRestarts"),

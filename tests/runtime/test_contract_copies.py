@@ -188,6 +188,10 @@ ENV_RULES = {
     "ENV_XLA_FLAGS",
     "ENV_TPU_WORKER_ID",
     "ENV_TPU_WORKER_HOSTNAMES",
+    "ENV_MEGASCALE_COORDINATOR",
+    "ENV_MEGASCALE_NUM_SLICES",
+    "ENV_MEGASCALE_SLICE_ID",
+    "ENV_MEGASCALE_PORT",
     "ENV_LOG_LEVEL",
 }
 KNOWN_COPIES = {
@@ -195,7 +199,7 @@ KNOWN_COPIES = {
     "Dockerfile": {"METRICS_PORT", "COORDINATOR_PORT", "ENV_HOME"},
     # Port defaults, the mount-path rule, the spec.env rules and their description.
     **{path: {"METRICS_PORT", "COORDINATOR_PORT", "MANIFEST_DIR", *ENV_RULES} for path in CRDS},
-    "helm/evokube/templates/admission.yaml": {"COMPLETION_INDEX_ANNOTATION"},
+    "helm/evokube/templates/admission.yaml": {"COMPLETION_INDEX_ANNOTATION", "JOB_INDEX_LABEL"},
 }
 NOT_SHIPPED = {"docs", "examples", "tests", "runs", "build", "dist", "node_modules"}
 

@@ -83,6 +83,10 @@ tables them and tests/helm proves `kubectl auth can-i` grants nothing more.
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [get, list, watch, create, delete]
+# Multislice gangs: one JobSet per attempt instead (docs/multislice.md).
+- apiGroups: [jobset.x-k8s.io]
+  resources: [jobsets]
+  verbs: [get, list, watch, create, delete]
 # Read-only: which host runs, how each exited.
 - apiGroups: [""]
   resources: [pods]

@@ -82,7 +82,7 @@ def diagnose(
     refused = _refused_creation(events)
     if refused is not None:
         found.append(refused)
-    live = sorted((p for p in pods if not p.deleting), key=lambda p: (p.index is None, p.index))
+    live = sorted((p for p in pods if not p.deleting), key=lambda p: (p.index is None, p.host_key))
     for pod in live:
         problem, wait = _pod_problem(pod, now, timeouts)
         if problem is not None:

@@ -11,7 +11,7 @@ def succeeded(job: JobView, pods: Sequence[PodView], hosts: int) -> bool:
     """The Job is Complete, or every completion index has a Succeeded pod."""
     if job.complete:
         return True
-    done = {p.index for p in pods if p.phase == "Succeeded" and p.index is not None}
+    done = {p.host_key for p in pods if p.phase == "Succeeded" and p.index is not None}
     return len(done) >= hosts
 
 
@@ -21,5 +21,5 @@ def all_running(pods: Sequence[PodView], hosts: int) -> bool:
     Hosts of a finishing gang exit one after another: that gang still runs; it is
     not waiting for hosts.
     """
-    running = {p.index for p in pods if p.phase in ("Running", "Succeeded") and not p.deleting}
+    running = {p.host_key for p in pods if p.phase in ("Running", "Succeeded") and not p.deleting}
     return len(running) >= hosts
