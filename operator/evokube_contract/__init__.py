@@ -70,6 +70,12 @@ ENV_METRICS_PORT: Final = "EVOKUBE_METRICS_PORT"
 ENV_XLA_FLAGS: Final = "XLA_FLAGS"
 ENV_TPU_WORKER_ID: Final = "TPU_WORKER_ID"  # read by libtpu, not by evokube
 ENV_TPU_WORKER_HOSTNAMES: Final = "TPU_WORKER_HOSTNAMES"  # read by libtpu, not by evokube
+# Multislice (Google's names): the trainer reads the slice count and this pod's slice; libtpu
+# reads all four and joins the slices over the data-center network.
+ENV_MEGASCALE_NUM_SLICES: Final = "MEGASCALE_NUM_SLICES"
+ENV_MEGASCALE_SLICE_ID: Final = "MEGASCALE_SLICE_ID"
+ENV_MEGASCALE_COORDINATOR_ADDRESS: Final = "MEGASCALE_COORDINATOR_ADDRESS"  # read by libtpu
+ENV_MEGASCALE_PORT: Final = "MEGASCALE_PORT"  # read by libtpu
 ENV_REPORT_STATUS: Final = "EVOKUBE_REPORT_STATUS"  # "1": process 0 patches status.progress
 ENV_HOME: Final = "HOME"  # SCRATCH_DIR: writable, unlike the image's home
 ENV_HISTORY: Final = "EVOKUBE_HISTORY"  # set by `evokube run` only
@@ -86,6 +92,10 @@ ENV_VARS: Final = (
     ENV_XLA_FLAGS,
     ENV_TPU_WORKER_ID,
     ENV_TPU_WORKER_HOSTNAMES,
+    ENV_MEGASCALE_NUM_SLICES,
+    ENV_MEGASCALE_SLICE_ID,
+    ENV_MEGASCALE_COORDINATOR_ADDRESS,
+    ENV_MEGASCALE_PORT,
     ENV_REPORT_STATUS,
     ENV_HOME,
     ENV_HISTORY,

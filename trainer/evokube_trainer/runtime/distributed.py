@@ -4,6 +4,8 @@ The operator sets JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
 JAX_PROCESS_ID on every pod (`evokube run` does the same for local
 processes). jax reads only the address itself, so the count and id are passed
 explicitly. On Cloud TPU without these variables, JAX auto-detects the slice.
+A multislice gang also has MEGASCALE_NUM_SLICES and MEGASCALE_SLICE_ID
+(`Slices`): the slices are the outer axis of the device mesh.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 
 from evokube_contract import (
     ENV_COORDINATOR,
+    ENV_MEGASCALE_NUM_SLICES,
+    ENV_MEGASCALE_SLICE_ID,
     ENV_NUM_PROCESSES,
     ENV_PROCESS_ID,
     ENV_TPU_WORKER_HOSTNAMES,
@@ -48,6 +52,47 @@ class ProcessGroup:
                 f"{ENV_PROCESS_ID}={index} is outside [0, {ENV_NUM_PROCESSES}={count})"
             )
         return cls(address, count, index)
+
+
+@dataclass(frozen=True)
+class Slices:
+    count: int  # slices of the gang; 1 without MEGASCALE_NUM_SLICES
+    index: int  # this process's slice
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Slices:
+        try:
+            count = int(env.get(ENV_MEGASCALE_NUM_SLICES) or "1")
+            index = int(env.get(ENV_MEGASCALE_SLICE_ID) or "0")
+        except ValueError as err:
+            names = f"{ENV_MEGASCALE_NUM_SLICES}/{ENV_MEGASCALE_SLICE_ID}"
+            raise ValueError(f"{names} must be integers: {err}") from None
+        if not 0 <= index < count:
+            raise ValueError(
+                f"{ENV_MEGASCALE_SLICE_ID}={index} is outside "
+                f"[0, {ENV_MEGASCALE_NUM_SLICES}={count})"
+            )
+        return cls(count, index)
+
+    def check(self) -> None:
+        """ValueError unless this process's devices are in slice `index`: a gang numbered
+        otherwise would put members on the wrong side of the slow link, or hang."""
+        import jax
+
+        from evokube_trainer.workflows import slice_index
+
+        if jax.process_count() % self.count:
+            raise ValueError(
+                f"{jax.process_count()} processes do not split into "
+                f"{ENV_MEGASCALE_NUM_SLICES}={self.count} equal slices"
+            )
+        found = {slice_index(d, self.count) for d in jax.local_devices()}
+        if found != {self.index}:
+            raise ValueError(
+                f"{ENV_MEGASCALE_SLICE_ID}={self.index}, but process {jax.process_index()}'s "
+                f"devices are in slice(s) {sorted(found)}"
+            )
+        log.info("process %d is in slice %d of %d", jax.process_index(), self.index, self.count)
 
 
 def wait_for_dns(address: str, timeout_s: float, interval_s: float = 1.0) -> None:
