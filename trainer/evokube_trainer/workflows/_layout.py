@@ -8,9 +8,9 @@ where its arrays live, and XLA's partitioner inserts the collectives:
   replicated `[N]` vector, and the EC update runs identically everywhere);
 * the mesh is 2-D, slices x devices of a slice, and every split is over both
   axes with the slice outer: a slice holds a contiguous block of members, so a
-  member's rollouts stay on its slice and only the replicated results (fitness,
-  the RL gradients' all-reduce) cross the data-center network between slices
-  (docs/multislice-trainer.md);
+  member's rollouts stay on its slice and only the reductions and gathers of
+  the members' results (fitness, the ES gradient, the RL gradients) cross the
+  data-center network between slices (docs/multislice-trainer.md);
 * the replay buffer is split along its capacity axis, so each process keeps
   its shard; a sampled batch gathers across shards, and the RL gradients over
   it are all-reduced;
@@ -69,10 +69,6 @@ class DeviceLayout:
     @property
     def num_devices(self) -> int:
         return self.mesh.size
-
-    @property
-    def num_slices(self) -> int:
-        return self.mesh.shape[SLICE_AXIS]
 
     @property
     def replicated(self) -> NamedSharding:
