@@ -42,8 +42,9 @@ def slice_index(device: jax.Device, slices: int) -> int:
     else its process's share of `slices` equal groups of processes (process ids count the
     hosts slice by slice, as the operator and `evokube run` number them; CPU devices of a
     jax.distributed group all say slice 0)."""
-    if device.platform == "tpu":
-        return int(device.slice_index)
+    index = getattr(device, "slice_index", None) if device.platform == "tpu" else None
+    if index is not None:
+        return int(index)
     return device.process_index * slices // jax.process_count()
 
 
