@@ -1,4 +1,5 @@
-"""Reading the process group from the environment, and waiting out the coordinator's DNS."""
+"""Reading the process group and the slices from the environment, and waiting out the
+coordinator's DNS."""
 
 import socket
 import threading
@@ -6,7 +7,10 @@ import time
 
 import pytest
 
-from evokube_trainer.runtime.distributed import ProcessGroup, wait_for_dns
+import evokube_contract as contract
+from evokube_trainer.laptop.local import process_env
+from evokube_trainer.runtime.distributed import ProcessGroup, Slices, wait_for_dns
+from tests.runtime.test_multihost import OPENES, experiment
 
 
 def test_no_coordinator_means_a_single_process():
@@ -30,6 +34,54 @@ def test_inconsistent_variables_are_refused(count, index, message):
     env = {"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": count, "JAX_PROCESS_ID": index}
     with pytest.raises(ValueError, match=message):
         ProcessGroup.from_env(env)
+
+
+def test_slices_come_from_the_megascale_variables():
+    assert Slices.from_env({}) == Slices(1, 0)
+    env = {"MEGASCALE_NUM_SLICES": "4", "MEGASCALE_SLICE_ID": "3"}
+    assert Slices.from_env(env) == Slices(4, 3)
+
+
+@pytest.mark.parametrize(
+    ("count", "index", "message"),
+    [("2", "2", "outside"), ("2", "-1", "outside"), ("two", "0", "integers")],
+)
+def test_inconsistent_slices_are_refused(count, index, message):
+    with pytest.raises(ValueError, match=message):
+        Slices.from_env({"MEGASCALE_NUM_SLICES": count, "MEGASCALE_SLICE_ID": index})
+
+
+def test_one_process_cannot_be_two_slices():
+    # One process's devices are one slice: the trainer exits 78 before building a mesh.
+    with pytest.raises(ValueError, match="do not split into MEGASCALE_NUM_SLICES=2"):
+        Slices(2, 0).check()
+    Slices(1, 0).check()
+
+
+def test_evokube_run_numbers_processes_slice_by_slice(tmp_path):
+    # As the operator does for a JobSet's pods: the process id within the slice, and the
+    # slice; the trainer's group numbers them all, slice by slice.
+    doc = experiment("s", algorithm=OPENES, hosts=2, devices=1, generations=1)
+    envs = [process_env(doc, tmp_path, 6, i, 1, 2, slices=3) for i in range(6)]
+    assert [env[contract.ENV_MEGASCALE_SLICE_ID] for env in envs] == list("001122")
+    assert [env[contract.ENV_PROCESS_ID] for env in envs] == list("010101")
+    assert {env[contract.ENV_MEGASCALE_NUM_SLICES] for env in envs} == {"3"}
+    assert [ProcessGroup.from_env(env).process_id for env in envs] == list(range(6))
+    assert contract.ENV_MEGASCALE_NUM_SLICES not in process_env(doc, tmp_path, 2, 0, 1, 2)
+
+
+def test_a_multislice_pods_process_id_is_within_its_slice():
+    env = {
+        "JAX_COORDINATOR_ADDRESS": "h:1",
+        "JAX_NUM_PROCESSES": "4",
+        "MEGASCALE_NUM_SLICES": "2",
+        "MEGASCALE_SLICE_ID": "1",
+    }
+    assert ProcessGroup.from_env({**env, "JAX_PROCESS_ID": "1"}).process_id == 3
+    with pytest.raises(ValueError, match=r"JAX_PROCESS_ID=2 is outside \[0, 2\) per slice"):
+        ProcessGroup.from_env({**env, "JAX_PROCESS_ID": "2"})
+    with pytest.raises(ValueError, match="JAX_NUM_PROCESSES=3 does not split"):
+        ProcessGroup.from_env({**env, "JAX_NUM_PROCESSES": "3", "JAX_PROCESS_ID": "0"})
 
 
 def test_waits_until_the_coordinator_name_resolves(monkeypatch):

@@ -158,6 +158,29 @@ def test_two_hosts_of_two_devices_match_one_host_of_four(tmp_path, algorithm, no
         assert split[-1]["obs_norm/count"] > 0
 
 
+@pytest.mark.parametrize("algorithm", [OPENES, CEMRL], ids=["openes", "cem-rl"])
+def test_two_slices_of_two_processes_match_one_slice_of_four(tmp_path, algorithm):
+    """`evokube run --slices 2 --processes 4`: the slices are the outer mesh axis (members
+    0-3 on slice 0, 4-7 on slice 1), the devices in the order of one slice of four, so the same
+    global computation is partitioned alike and trains to the same result."""
+    runs, outs = {}, {}
+    for name, slices in (("sliced", 2), ("flat", 1)):
+        doc = experiment(name, algorithm=algorithm, hosts=4, devices=1, generations=2, interval=10)
+        code, outs[name] = finish(start_run(tmp_path, doc, "--slices", str(slices)))
+        assert code == 0, outs[name]
+        runs[name] = history(tmp_path, name)
+    assert "4 process(es) in 2 slices" in outs["sliced"]
+    logs = tmp_path / "runs" / "sliced" / "logs"
+    for process, slice_id in ((0, 0), (1, 0), (2, 1), (3, 1)):
+        assert f"in slice {slice_id} of 2" in (logs / f"process-{process}.log").read_text()
+    assert [r["generation"] for r in runs["sliced"]] == [1, 2]
+    for a, b in zip(runs["sliced"], runs["flat"], strict=True):
+        assert a.keys() == b.keys()
+        # The same partition of the same program: equal up to float32 rounding.
+        for key in ("ec/fitness_max", "ec/fitness_mean", "eval/return_mean"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-4), (key, a, b)
+
+
 def run_normalized_es(out, hosts, devices):
     """`tests.runtime.normalized_es` as `hosts` processes of `devices` CPU devices each, wired
     like pods; returns each process's rows."""

@@ -1,7 +1,8 @@
 """The `evokube` command: check and run ERLExperiment manifests without a cluster.
 
 evokube validate FILE...             every error with its field path; exit 78 if any
-evokube run FILE [--processes N]     train here, N local processes wired like pods
+evokube run FILE [--processes N] [--slices S]
+                                     train here, N local processes wired like pods (S slices)
 evokube curve NAME|FOLDER|URL        the learning-curve PNG of any run's history.jsonl
 evokube eval POLICY [--episodes N]   a trained policy's mean and std return over N episodes
 evokube render POLICY -o FILE        one episode to watch: Brax HTML viewer, gymnax GIF/MP4
@@ -61,7 +62,15 @@ def run(args: argparse.Namespace) -> int:
     if processes < 1:
         print("error: --processes must be at least 1", file=sys.stderr)
         return exitcodes.PERMANENT
-    return run_locally(loaded, processes=processes, runs_root=Path(args.runs_dir))
+    if args.slices < 1 or processes % args.slices:
+        print(
+            f"error: --slices {args.slices} must be at least 1 and divide --processes {processes}",
+            file=sys.stderr,
+        )
+        return exitcodes.PERMANENT
+    return run_locally(
+        loaded, processes=processes, slices=args.slices, runs_root=Path(args.runs_dir)
+    )
 
 
 def curve(args: argparse.Namespace) -> int:
@@ -170,6 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help="local processes, each standing in for one host (default: spec.accelerator.hosts)",
+    )
+    train.add_argument(
+        "--slices",
+        type=int,
+        default=1,
+        help="split the processes into this many slices, wired like a multislice gang (default 1)",
     )
     train.add_argument("--runs-dir", default="runs", help="where runs/<name>/ goes")
     train.set_defaults(func=run)

@@ -3,7 +3,9 @@
 Each process gets exactly the environment the operator gives a pod
 (JAX_COORDINATOR_ADDRESS on 127.0.0.1, JAX_NUM_PROCESSES, JAX_PROCESS_ID,
 EVOKUBE_CHECKPOINT_DIR, ...), so a laptop run exercises the multi-host code
-path. Everything lands under runs/<name>/: logs, checkpoints, history.jsonl,
+path; with `slices`, the processes are numbered within their slice and get the
+slice variables (MEGASCALE_NUM_SLICES, MEGASCALE_SLICE_ID) a multislice gang's
+pods get. Everything lands under runs/<name>/: logs, checkpoints, history.jsonl,
 TensorBoard's tensorboard/, history.csv, learning-curve.png and the exported
 policies (policies/best/ and policies/generation-<N>/, as beside a cluster run's
 checkpoints). Rerunning
@@ -84,9 +86,12 @@ def process_env(
     process_id: int,
     coordinator_port: int,
     metrics_port: int,
+    slices: int = 1,
 ) -> dict[str, str]:
     """The environment of local process `process_id`: what the operator sets in a pod (the
-    experiment's name and namespace are the manifest's, as in a pod)."""
+    experiment's name and namespace are the manifest's, as in a pod). Of the slice variables
+    only those the trainer reads: on CPU every collective, between slices too, goes through the
+    one jax.distributed group (libtpu's coordinator of the slices has nothing to do)."""
     spec = manifest["spec"]
     env = {
         **os.environ,
@@ -99,7 +104,11 @@ def process_env(
     if processes > 1:
         env[contract.ENV_COORDINATOR] = f"127.0.0.1:{coordinator_port}"
         env[contract.ENV_NUM_PROCESSES] = str(processes)
-        env[contract.ENV_PROCESS_ID] = str(process_id)
+        # Within its slice, as a multislice pod's completion index.
+        env[contract.ENV_PROCESS_ID] = str(process_id % (processes // slices))
+    if slices > 1:
+        env[contract.ENV_MEGASCALE_NUM_SLICES] = str(slices)
+        env[contract.ENV_MEGASCALE_SLICE_ID] = str(process_id // (processes // slices))
     devices = spec["accelerator"]["devicesPerHost"]
     if devices > 1:
         flags = env.get(contract.ENV_XLA_FLAGS, "")
@@ -186,10 +195,12 @@ def run_locally(
     manifest: Mapping[str, Any],
     *,
     processes: int,
+    slices: int = 1,
     runs_root: Path = Path("runs"),
     out: TextIO = sys.stdout,
 ) -> int:
-    """Run a validated manifest with `processes` local processes; returns the exit code."""
+    """Run a validated manifest with `processes` local processes in `slices` equal slices;
+    returns the exit code."""
     name = manifest["metadata"]["name"]
     run_dir = (runs_root / name).resolve()
     try:
@@ -208,7 +219,8 @@ def run_locally(
     ]
     print(
         f"evokube run: {name}: {spec['algorithm']['name']} on {spec['environment']['name']}, "
-        f"population {spec['population']['size']}, {processes} process(es)",
+        f"population {spec['population']['size']}, {processes} process(es)"
+        + (f" in {slices} slices" if slices > 1 else ""),
         file=out,
     )
     print(f"  run folder: {run_dir}", file=out)
@@ -227,7 +239,7 @@ def run_locally(
     procs = []
     for i in range(processes):
         log = (run_dir / "logs" / f"process-{i}.log").open("ab")
-        env = process_env(manifest, run_dir, processes, i, coordinator, metrics_ports[i])
+        env = process_env(manifest, run_dir, processes, i, coordinator, metrics_ports[i], slices)
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "evokube_trainer.runtime.entrypoint"],

@@ -2,8 +2,12 @@
 
 The operator sets JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
 JAX_PROCESS_ID on every pod (`evokube run` does the same for local
-processes). jax reads only the address itself, so the count and id are passed
+processes). In a multislice gang JAX_PROCESS_ID is the host's index within
+its slice (a pod's downward API gives no sum); the group's id adds the slice's
+offset (`global_process_id`). jax reads only the address itself, so the count and id are passed
 explicitly. On Cloud TPU without these variables, JAX auto-detects the slice.
+A multislice gang also has MEGASCALE_NUM_SLICES and MEGASCALE_SLICE_ID
+(`Slices`): the slices are the outer axis of the device mesh.
 """
 
 from __future__ import annotations
@@ -17,9 +21,12 @@ from dataclasses import dataclass
 
 from evokube_contract import (
     ENV_COORDINATOR,
+    ENV_MEGASCALE_NUM_SLICES,
+    ENV_MEGASCALE_SLICE_ID,
     ENV_NUM_PROCESSES,
     ENV_PROCESS_ID,
     ENV_TPU_WORKER_HOSTNAMES,
+    global_process_id,
 )
 
 log = logging.getLogger(__name__)
@@ -43,11 +50,58 @@ class ProcessGroup:
         except ValueError as err:
             names = f"{ENV_NUM_PROCESSES}/{ENV_PROCESS_ID}"
             raise ValueError(f"{names} must be integers: {err}") from None
+        slices = Slices.from_env(env)
+        if count % slices.count:
+            raise ValueError(
+                f"{ENV_NUM_PROCESSES}={count} does not split into "
+                f"{ENV_MEGASCALE_NUM_SLICES}={slices.count} equal slices"
+            )
+        per_slice = count // slices.count
+        if not 0 <= index < per_slice:
+            within = " per slice" if slices.count > 1 else ""
+            raise ValueError(f"{ENV_PROCESS_ID}={index} is outside [0, {per_slice}){within}")
+        return cls(address, count, global_process_id(index, slices.index, count, slices.count))
+
+
+@dataclass(frozen=True)
+class Slices:
+    count: int  # slices of the gang; 1 without MEGASCALE_NUM_SLICES
+    index: int  # this process's slice
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Slices:
+        try:
+            count = int(env.get(ENV_MEGASCALE_NUM_SLICES) or "1")
+            index = int(env.get(ENV_MEGASCALE_SLICE_ID) or "0")
+        except ValueError as err:
+            names = f"{ENV_MEGASCALE_NUM_SLICES}/{ENV_MEGASCALE_SLICE_ID}"
+            raise ValueError(f"{names} must be integers: {err}") from None
         if not 0 <= index < count:
             raise ValueError(
-                f"{ENV_PROCESS_ID}={index} is outside [0, {ENV_NUM_PROCESSES}={count})"
+                f"{ENV_MEGASCALE_SLICE_ID}={index} is outside "
+                f"[0, {ENV_MEGASCALE_NUM_SLICES}={count})"
             )
-        return cls(address, count, index)
+        return cls(count, index)
+
+    def check(self) -> None:
+        """ValueError unless this process's devices are in slice `index`: a gang numbered
+        otherwise would put members on the wrong side of the slow link, or hang."""
+        import jax
+
+        from evokube_trainer.workflows import slice_index
+
+        if jax.process_count() % self.count:
+            raise ValueError(
+                f"{jax.process_count()} processes do not split into "
+                f"{ENV_MEGASCALE_NUM_SLICES}={self.count} equal slices"
+            )
+        found = {slice_index(d, self.count) for d in jax.local_devices()}
+        if found != {self.index}:
+            raise ValueError(
+                f"{ENV_MEGASCALE_SLICE_ID}={self.index}, but process {jax.process_index()}'s "
+                f"devices are in slice(s) {sorted(found)}"
+            )
+        log.info("process %d is in slice %d of %d", jax.process_index(), self.index, self.count)
 
 
 def wait_for_dns(address: str, timeout_s: float, interval_s: float = 1.0) -> None:

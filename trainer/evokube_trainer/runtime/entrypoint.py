@@ -1,7 +1,8 @@
 """`evokube-train`: the trainer process, as the operator runs it in every pod.
 
 Inputs come from the environment (docs/architecture.md, read by `inputs.Inputs`):
-EVOKUBE_MANIFEST, JAX_* for the process group, EVOKUBE_CHECKPOINT_DIR,
+EVOKUBE_MANIFEST, JAX_* for the process group, MEGASCALE_NUM_SLICES and
+MEGASCALE_SLICE_ID for a multislice gang, EVOKUBE_CHECKPOINT_DIR,
 EVOKUBE_METRICS_PORT, EVOKUBE_REPORT_STATUS, EVOKUBE_HISTORY (a second
 JSON-lines file for each generation's metrics; the first is history.jsonl
 beside the checkpoints, next to TensorBoard's tensorboard/) and the user's
@@ -80,6 +81,10 @@ def _run(log: logging.Logger) -> int:
         initialization_timeout_s=timeouts["initializationTimeoutSeconds"],
         heartbeat_timeout_s=timeouts["heartbeatTimeoutSeconds"],
     )
+    try:
+        inputs.slices.check()
+    except ValueError as err:
+        raise exitcodes.PermanentError(str(err)) from None
 
     from evokube_trainer.runtime.config import to_run_config
     from evokube_trainer.runtime.status import StatusReporter
@@ -107,6 +112,7 @@ def _run(log: logging.Logger) -> int:
             config,
             checkpoint_dir=checkpoint_dir,
             metrics_port=inputs.metrics_port,
+            slices=inputs.slices.count,
             status_reporter=reporter,
             recorders=histories,
             flags=flags,

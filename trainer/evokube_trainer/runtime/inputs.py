@@ -22,7 +22,7 @@ from evokube_contract import (
     ENV_METRICS_PORT,
     ENV_REPORT_STATUS,
 )
-from evokube_trainer.runtime.distributed import ProcessGroup
+from evokube_trainer.runtime.distributed import ProcessGroup, Slices
 from evokube_trainer.runtime.exitcodes import PermanentError
 from evokube_trainer.runtime.objectstore import is_url
 
@@ -33,6 +33,7 @@ MAX_PORT = 65535
 class Inputs:
     manifest: str  # path of the ERLExperiment YAML
     group: ProcessGroup | None  # None: a single process (or a TPU slice JAX finds itself)
+    slices: Slices  # the gang's slices and this process's (one slice without MEGASCALE_*)
     checkpoint_dir: str | None  # path, gs:// or s3://; None: no checkpoints
     metrics_port: int | None  # None or 0: no /metrics server
     report_status: bool  # process 0 patches status.progress
@@ -52,6 +53,7 @@ class Inputs:
             raise PermanentError(f"{ENV_MANIFEST} is not set")
         try:
             group = ProcessGroup.from_env(env)
+            slices = Slices.from_env(env)
         except ValueError as err:
             raise PermanentError(str(err)) from None
         level = (env.get(ENV_LOG_LEVEL) or "INFO").upper()
@@ -63,6 +65,7 @@ class Inputs:
         return cls(
             manifest=manifest,
             group=group,
+            slices=slices,
             checkpoint_dir=_checkpoint_dir(env.get(ENV_CHECKPOINT_DIR)),
             metrics_port=_metrics_port(env.get(ENV_METRICS_PORT)),
             report_status=env.get(ENV_REPORT_STATUS) == "1",

@@ -255,6 +255,7 @@ def train(
     *,
     checkpoint_dir: str | None,
     metrics_port: int | None = None,
+    slices: int = 1,
     status_reporter: StatusReporter | None = None,
     recorders: Sequence[Recorder] = (),
     flags: StopFlags | None = None,
@@ -262,7 +263,8 @@ def train(
     """Run (or resume) the experiment until a stopping criterion or a preemption.
 
     In a multi-host run, `distributed.initialize` must have been called first (before
-    anything touches a JAX backend); every process then calls `train` alike.
+    anything touches a JAX backend); every process then calls `train` alike. `slices`: the
+    outer axis of the device mesh (`DeviceLayout.over_all_devices`).
     """
     from evokube_trainer.workflows import DeviceLayout, StopAt, jit_workflow, make_workflow
 
@@ -275,11 +277,12 @@ def train(
         environment=config.workflow.env.name,
         processes=jax.process_count(),
         devices=jax.device_count(),
+        slices=slices,
     )
     if metrics_port:
         metrics.serve(metrics_port)
 
-    layout = DeviceLayout.over_all_devices() if jax.device_count() > 1 else None
+    layout = DeviceLayout.over_all_devices(slices) if jax.device_count() > 1 else None
     workflow = make_workflow(config.workflow, layout)
     fns = jit_workflow(workflow, donate=True)  # learn keeps only the newest state
     key = jax.random.PRNGKey(config.seed)

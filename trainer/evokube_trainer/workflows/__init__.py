@@ -28,7 +28,7 @@ from evokube_trainer.workflows._configs import (
     episode_length_of,
 )
 from evokube_trainer.workflows._kinds import KINDS, WorkflowKind
-from evokube_trainer.workflows._layout import DeviceLayout
+from evokube_trainer.workflows._layout import DeviceLayout, slice_index
 from evokube_trainer.workflows._learners import (
     IndependentAgents,
     Learner,
@@ -88,6 +88,7 @@ __all__ = [
     "make_optimizer",
     "make_workflow",
     "random_transitions",
+    "slice_index",
     "to_env_config",
     "to_environment_spec",
 ]

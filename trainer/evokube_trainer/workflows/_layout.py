@@ -6,6 +6,11 @@ where its arrays live, and XLA's partitioner inserts the collectives:
 * the candidates `[N, D]` are split over all devices along N, so each device
   plays the rollouts of its share of the population (fitness comes back as a
   replicated `[N]` vector, and the EC update runs identically everywhere);
+* the mesh is 2-D, slices x devices of a slice, and every split is over both
+  axes with the slice outer: a slice holds a contiguous block of members, so a
+  member's rollouts stay on its slice and only the reductions and gathers of
+  the members' results (fitness, the ES gradient, the RL gradients) cross the
+  data-center network between slices (docs/multislice-trainer.md);
 * the replay buffer is split along its capacity axis, so each process keeps
   its shard; a sampled batch gathers across shards, and the RL gradients over
   it are all-reduced;
@@ -28,7 +33,19 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from evokube_trainer.workflows._pbt import PBTState
 
-AXIS = "devices"
+SLICE_AXIS = "slices"
+AXIS = "devices"  # within a slice
+
+
+def slice_index(device: jax.Device, slices: int) -> int:
+    """The slice `device` belongs to: its own `slice_index` on TPU (libtpu knows the slices),
+    else its process's share of `slices` equal groups of processes (process ids count the
+    hosts slice by slice, as the operator and `evokube run` number them; CPU devices of a
+    jax.distributed group all say slice 0)."""
+    index = getattr(device, "slice_index", None) if device.platform == "tpu" else None
+    if index is not None:
+        return int(index)
+    return device.process_index * slices // jax.process_count()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +53,19 @@ class DeviceLayout:
     mesh: Mesh
 
     @classmethod
-    def over_all_devices(cls) -> DeviceLayout:
-        """A 1-D mesh over every device of every process (jax.devices() order)."""
-        return cls(Mesh(np.asarray(jax.devices()), (AXIS,)))
+    def over_all_devices(cls, slices: int = 1) -> DeviceLayout:
+        """A slices x devices mesh over every device of every process (jax.devices() order
+        within a slice); ValueError unless the devices fall into `slices` equal slices."""
+        devices = jax.devices()
+        groups = [[d for d in devices if slice_index(d, slices) == s] for s in range(slices)]
+        sizes = [len(group) for group in groups]
+        if sum(sizes) != len(devices) or len(set(sizes)) != 1:
+            found = sorted({slice_index(d, slices) for d in devices})
+            raise ValueError(
+                f"{len(devices)} devices in slices {found} do not split into {slices} equal "
+                f"slices (devices per slice: {sizes})"
+            )
+        return cls(Mesh(np.asarray(groups), (SLICE_AXIS, AXIS)))
 
     @property
     def num_devices(self) -> int:
@@ -50,8 +77,8 @@ class DeviceLayout:
 
     @property
     def split(self) -> NamedSharding:
-        """Leading axis split over the devices."""
-        return NamedSharding(self.mesh, PartitionSpec(AXIS))
+        """Leading axis split over the devices, slice by slice."""
+        return NamedSharding(self.mesh, PartitionSpec((SLICE_AXIS, AXIS)))
 
     def population(self, x: jax.Array) -> jax.Array:
         """Constrain a per-member array `[N, ...]` to be split along N."""
