@@ -17,6 +17,7 @@ tests/runtime/test_contract_copies.py checks every such copy, and fails on a val
 twice in Python.
 """
 
+import math
 from types import MappingProxyType
 from typing import Final
 
@@ -137,6 +138,15 @@ OPERATOR_ENV_ON: Final = MappingProxyType(
 )
 ENV_PREFIX: Final = "EVOKUBE_"
 USER_ENV: Final = (ENV_LOG_LEVEL,)
+
+
+def topology_chips(topology: str) -> int:
+    """Chips in a TPU topology such as 4x4 or 2x2x4 (ValueError otherwise): a TPU gang has
+    chips / chipsPerHost hosts per slice, for the operator's pods and `evokube run`'s processes."""
+    dims = [int(d) for d in topology.split("x")]
+    if not 2 <= len(dims) <= 3 or min(dims) < 1:
+        raise ValueError(f"{topology!r} is not like 4x4 or 2x2x4")
+    return math.prod(dims)
 
 
 def global_process_id(process_id: int, slice_id: int, num_processes: int, num_slices: int) -> int:

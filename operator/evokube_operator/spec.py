@@ -8,12 +8,12 @@ reconciler turns into phase Failed, reason InvalidSpec, instead of a crash.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import evokube_contract as contract
 from evokube_operator import api, placement
 
 
@@ -218,14 +218,13 @@ def _mapping(value: Any, path: str) -> Mapping[str, Any]:
 
 
 def topology_chips(topology: str) -> int:
-    """Chips in a TPU topology such as 4x4 or 2x2x4."""
+    """Chips in a TPU topology such as 4x4 or 2x2x4, or SpecError naming the field."""
     try:
-        dims = [int(d) for d in topology.split("x")]
+        return contract.topology_chips(topology)
     except ValueError:
-        raise SpecError(f"spec.accelerator.tpu.topology: {topology!r} is not like 4x4") from None
-    if not 2 <= len(dims) <= 3 or min(dims) < 1:
-        raise SpecError(f"spec.accelerator.tpu.topology: {topology!r} is not like 4x4 or 2x2x4")
-    return math.prod(dims)
+        raise SpecError(
+            f"spec.accelerator.tpu.topology: {topology!r} is not like 4x4 or 2x2x4"
+        ) from None
 
 
 def parse_accelerator(raw: Mapping[str, Any]) -> Accelerator:

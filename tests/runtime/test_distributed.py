@@ -4,13 +4,19 @@ coordinator's DNS."""
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 import evokube_contract as contract
+from evokube_trainer.laptop import cli, local
 from evokube_trainer.laptop.local import process_env
 from evokube_trainer.runtime.distributed import ProcessGroup, Slices, wait_for_dns
 from tests.runtime.test_multihost import OPENES, experiment
+
+MULTISLICE_EXAMPLE = (
+    Path(__file__).resolve().parents[2] / "examples/gke/multislice/tpu-v5e-16x2.yaml"
+)
 
 
 def test_no_coordinator_means_a_single_process():
@@ -103,3 +109,24 @@ def test_waits_until_the_coordinator_name_resolves(monkeypatch):
 def test_gives_up_with_the_host_named():
     with pytest.raises(TimeoutError, match=r"no-such-host\.invalid"):
         wait_for_dns("no-such-host.invalid:8476", timeout_s=0.3, interval_s=0.1)
+
+
+@pytest.mark.parametrize(
+    ("flags", "wired"),
+    [([], (8, 2)), (["--slices", "1"], (8, 1)), (["--processes", "4", "--slices", "4"], (4, 4))],
+)
+def test_evokube_run_starts_a_process_per_pod_of_the_manifests_slices(monkeypatch, flags, wired):
+    # 2 slices of v5e-16 (topology 4x4, 4 chips per host): 8 pods, so 8 processes in 2 slices.
+    started = []
+    monkeypatch.setattr(
+        local,
+        "run_locally",
+        lambda doc, processes, slices, runs_root: started.append((processes, slices)) or 0,
+    )
+    assert cli.main(["run", str(MULTISLICE_EXAMPLE), *flags]) == 0
+    assert started == [wired]
+
+
+def test_evokube_run_refuses_slices_that_do_not_divide_the_processes(capsys):
+    assert cli.main(["run", str(MULTISLICE_EXAMPLE), "--slices", "3"]) == 78
+    assert "--slices 3 must be at least 1 and divide --processes 8" in capsys.readouterr().err

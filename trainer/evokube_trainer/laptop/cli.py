@@ -17,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import evokube_contract as contract
 from evokube_trainer.runtime import exitcodes
 
 
@@ -50,27 +51,37 @@ def validate(args: argparse.Namespace) -> int:
     return exitcodes.SUCCESS if ok else exitcodes.PERMANENT
 
 
+def hosts_per_slice(accelerator: dict) -> int:
+    """spec.accelerator.hosts, which a TPU manifest may leave to its topology (as the operator
+    does): the processes `evokube run` starts for each slice."""
+    tpu = accelerator.get("tpu")
+    if accelerator.get("hosts") is None and accelerator["type"] == "tpu" and tpu:
+        return contract.topology_chips(tpu["topology"]) // tpu["chipsPerHost"]  # defaulted
+    return accelerator.get("hosts", 1)
+
+
 def run(args: argparse.Namespace) -> int:
     from evokube_trainer.laptop.local import run_locally
 
     loaded = _load(args.file)
     if loaded is None:
         return exitcodes.PERMANENT
+    accelerator = loaded["spec"]["accelerator"]
+    manifest_slices = (accelerator.get("tpu") or {}).get("slices", 1)
+    slices = manifest_slices if args.slices is None else args.slices
     processes = args.processes
-    if processes is None:
-        processes = loaded["spec"]["accelerator"].get("hosts", 1)
+    if processes is None:  # the manifest's pods: one per host of every slice
+        processes = hosts_per_slice(accelerator) * manifest_slices
     if processes < 1:
         print("error: --processes must be at least 1", file=sys.stderr)
         return exitcodes.PERMANENT
-    if args.slices < 1 or processes % args.slices:
+    if slices < 1 or processes % slices:
         print(
-            f"error: --slices {args.slices} must be at least 1 and divide --processes {processes}",
+            f"error: --slices {slices} must be at least 1 and divide --processes {processes}",
             file=sys.stderr,
         )
         return exitcodes.PERMANENT
-    return run_locally(
-        loaded, processes=processes, slices=args.slices, runs_root=Path(args.runs_dir)
-    )
+    return run_locally(loaded, processes=processes, slices=slices, runs_root=Path(args.runs_dir))
 
 
 def curve(args: argparse.Namespace) -> int:
@@ -178,13 +189,15 @@ def main(argv: list[str] | None = None) -> int:
         "--processes",
         type=int,
         default=None,
-        help="local processes, each standing in for one host (default: spec.accelerator.hosts)",
+        help="local processes, each standing in for one host "
+        "(default: spec.accelerator.hosts x spec.accelerator.tpu.slices)",
     )
     train.add_argument(
         "--slices",
         type=int,
-        default=1,
-        help="split the processes into this many slices, wired like a multislice gang (default 1)",
+        default=None,
+        help="split the processes into this many slices, wired like a multislice gang "
+        "(default: spec.accelerator.tpu.slices, else 1)",
     )
     train.add_argument("--runs-dir", default="runs", help="where runs/<name>/ goes")
     train.set_defaults(func=run)
