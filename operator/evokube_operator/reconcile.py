@@ -352,19 +352,23 @@ class Reconciler:
             raise
 
     def _try_job(self, exp: Experiment, plan: Plan) -> list[NameConflict]:
-        """The plan's Job created in a dry run: a Job under its name that this experiment does
-        not control (one it does: adopted), if any; a refusal is raised."""
-        try:
-            self.kube.create_owned(self._job(exp, plan), exp.uid, update=False, dry_run=True)
-        except NameConflict as conflict:
-            return [conflict]
-        return []
+        """The plan's manifest and Job created in a dry run: those under their names that this
+        experiment does not control (one it does: adopted), if any; a refusal is raised."""
+        conflicts = []
+        for obj in self._attempt(exp, plan):
+            try:
+                self.kube.create_owned(obj, exp.uid, update=False, dry_run=True)
+            except NameConflict as conflict:
+                conflicts.append(conflict)
+        return conflicts
 
-    def _job(self, exp: Experiment, plan: Plan) -> dict[str, Any]:
+    def _attempt(self, exp: Experiment, plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(manifest ConfigMap, Job) of the plan's attempt, in the order they are created."""
         assert plan.spec is not None and plan.create_job is not None, "decide plans no Job"
-        return builders.job(
+        job = builders.job(
             exp, plan.spec, plan.create_job, plan.job_deadline, trainer_token=self.trainer_token
         )
+        return builders.manifest_config_map(exp, plan.create_job), job
 
     def _act(
         self, exp: Experiment, body: dict[str, Any], plan: Plan, jobs: tuple[JobView, ...]
@@ -377,10 +381,16 @@ class Reconciler:
         for name in plan.delete_jobs:  # decide names only Jobs it saw this experiment own
             if self.kube.delete("Job", exp.namespace, name, uid=owned[name]):
                 log.info("%s/%s: deleted Job %s", exp.namespace, exp.name, name)
+        spent = set(plan.delete_jobs)
+        if plan.create_job:  # the last attempt's, whoever deleted its Job
+            spent.add(builders.job_name(exp.name, plan.create_job - 1))
+        for name in sorted(spent):  # each attempt's manifest goes with its Job
+            self.kube.delete("ConfigMap", exp.namespace, builders.manifest_name(name))
         if plan.create_job is not None:
-            job = self._job(exp, plan)
+            manifest, job = self._attempt(exp, plan)
             name = job["metadata"]["name"]
-            try:
+            try:  # the manifest is applied: a spec edited since an earlier try reaches it
+                self.kube.create_owned(manifest, exp.uid)
                 _, created = self.kube.create_owned(job, exp.uid, update=False)
             except NameConflict as conflict:
                 blocker = name_conflict([conflict])

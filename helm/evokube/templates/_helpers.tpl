@@ -83,6 +83,10 @@ tables them and tests/helm proves `kubectl auth can-i` grants nothing more.
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [get, list, watch, create, delete]
+# One manifest ConfigMap per gang attempt, deleted with the attempt's Job.
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, create, patch, delete]
 # Read-only: which host runs, how each exited.
 - apiGroups: [""]
   resources: [pods]
