@@ -69,7 +69,7 @@ Stop = Blocker | Refusal
 class _Memory:
     """What one operator process remembers about one experiment (lost on restart, by design)."""
 
-    last_written: ExperimentView | None = None  # what our last status write returned
+    last_written: ExperimentView | None = None  # what our last status write returned (_written)
     statics: tuple[str, int] | None = None  # (uid, generation) last applied
     # (Job uid, when read, its FailedCreate events): read at most once a requeue interval.
     job_events: tuple[str, datetime, tuple[JobEvent, ...]] | None = None
@@ -86,6 +86,15 @@ class Outcome:
     restarts: int = 0  # gang restarts started by this reconcile (counted)
     preemptions: int = 0  # and the uncounted kind
     api_calls: int = 0
+
+
+def _written(body: dict[str, Any], cached_generation: Any) -> ExperimentView:
+    """The view of what our status write returned, without its spec where the watch cache
+    holds the same generation's: the spec is most of an experiment (issue 22), and until the
+    cache catches up the cache's copy of it is the same (the cache only moves forward)."""
+    if body["metadata"].get("generation") == cached_generation:
+        body = {**body, "spec": None}
+    return ExperimentView.from_body(body)
 
 
 def _resource_version(version: Any) -> int:
@@ -122,7 +131,10 @@ class Reconciler:
             meta.get("resourceVersion")
         )
         if same_object and newer:
-            return written.body()
+            freshest = written.body()
+            if not freshest["spec"]:  # left out: the cache's is the same generation's
+                freshest["spec"] = cached["spec"]
+            return freshest
         memory.last_written = None
         return cached
 
@@ -137,6 +149,7 @@ class Reconciler:
             self.forget(key)
             return Outcome(None)
         memory = self._memory.setdefault(key, _Memory())
+        cached_generation = body["metadata"].get("generation")
         body = self._freshest(key, body)
         fresh = False
         stop: Stop | None = None  # what keeps this attempt's Job from being created
@@ -185,7 +198,7 @@ class Reconciler:
                         self.forget(key)
                         return Outcome(None)
                     raise
-                memory.last_written = ExperimentView.from_body(body)
+                memory.last_written = _written(body, cached_generation)
                 before = before or old
             stopped = self._act(exp, body, plan, jobs)
             if stopped is not None:
