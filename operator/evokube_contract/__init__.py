@@ -7,8 +7,8 @@ no JAX, and importing this must stay free.
 
 Each value reaches the trainer by exactly one channel:
 
-- the manifest (the pod's MANIFEST_ANNOTATION, a downwardAPI file at MANIFEST_PATH): what the
-  user wrote, including the experiment's name and namespace (its metadata);
+- the manifest (the attempt's ConfigMap, mounted as the file MANIFEST_PATH): what the user
+  wrote, including the experiment's name and namespace (its metadata);
 - the environment (ENV_VARS): what depends on the pod, the attempt or the operator's settings
   (process id and count, coordinator, resolved checkpoint location, metrics port, ...).
 
@@ -31,9 +31,6 @@ PLURAL: Final = "erlexperiments"
 # -- labels and annotations of the trainer pods ----------------------------------------------
 LABEL_EXPERIMENT: Final = "evokube.io/experiment"  # the owning experiment's name
 LABEL_ATTEMPT: Final = "evokube.io/attempt"  # gang attempt number (Jobs and pods)
-# The manifest travels in this pod-template annotation; a downwardAPI volume mounts it at
-# MANIFEST_PATH, so every host of one gang reads the same manifest.
-MANIFEST_ANNOTATION: Final = "evokube.io/manifest"
 # Kubernetes' own: an Indexed Job's pod's index, the trainer's process id.
 COMPLETION_INDEX_ANNOTATION: Final = "batch.kubernetes.io/job-completion-index"
 # JobSet's (jobset.sigs.k8s.io, api/jobset/v1alpha2): a multislice pod's slice, the index of its

@@ -35,7 +35,6 @@ from evokube_contract import (  # noqa: F401
     KIND,
     LABEL_ATTEMPT,
     LABEL_EXPERIMENT,
-    MANIFEST_ANNOTATION,
     MANIFEST_DIR,
     MANIFEST_FILE,
     MANIFEST_PATH,

@@ -15,6 +15,7 @@ controls (ownership.py), as anybody may take a name first:
 | ServiceAccount, Role, RoleBinding | `<experiment>-trainer` |
 | Indexed Job of attempt n | `<experiment>-<n>` (n = status.attempt) |
 | multislice JobSet of attempt n (jobset.py) | `<experiment>-<n>`, Jobs `...-slice-<s>` |
+| its manifest ConfigMap | `<experiment>-<n>-manifest` |
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ def pod_account_name(exp: Experiment, spec: ExperimentSpec) -> str:
 
 def job_name(experiment: str, attempt: int) -> str:
     return f"{experiment}-{attempt}"
+
+
+def manifest_name(job: str) -> str:
+    """The manifest ConfigMap of the Job `job`: the Job's cleanup finds it by the Job's name."""
+    return f"{job}-manifest"
 
 
 # The JobSet's one replicated Job: one Job per slice, <jobset>-slice-<s> (JobSet's naming).
@@ -127,16 +133,30 @@ def manifest_yaml(exp: Experiment) -> str:
     return yaml.safe_dump(document, sort_keys=False)
 
 
-def manifest_volume() -> dict[str, Any]:
-    """The pod's own MANIFEST_ANNOTATION as the file MANIFEST_FILE.
+def manifest_config_map(exp: Experiment, attempt: int) -> dict[str, Any]:
+    """The attempt's manifest, created before its Job and deleted with it.
 
-    The manifest is part of the Job's pod template, not an object of its own: every host
-    of one gang reads the same manifest, and a spec edit reaches the next attempt's Job.
+    One object per attempt, not an annotation of the pod template: that copied the spec
+    into the Job and every pod, and into each watch cache holding them (benchmarks/README.md).
     """
-    field = f"metadata.annotations['{api.MANIFEST_ANNOTATION}']"
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            **_metadata(exp, manifest_name(job_name(exp.name, attempt))),
+            "labels": attempt_labels(exp, attempt),
+        },
+        "data": {api.MANIFEST_FILE: manifest_yaml(exp)},
+    }
+
+
+def manifest_volume(exp: Experiment, attempt: int) -> dict[str, Any]:
+    """The attempt's ConfigMap as the file MANIFEST_FILE: every host of one gang reads the
+    same manifest, and a spec edit reaches the next attempt's."""
+    item = {"key": api.MANIFEST_FILE, "path": api.MANIFEST_FILE}
     return {
         "name": "manifest",
-        "downwardAPI": {"items": [{"path": api.MANIFEST_FILE, "fieldRef": {"fieldPath": field}}]},
+        "configMap": {"name": manifest_name(job_name(exp.name, attempt)), "items": [item]},
     }
 
 
@@ -410,8 +430,12 @@ def _checkpoint_volume(spec: ExperimentSpec) -> tuple[list[dict], list[dict]]:
     )
 
 
+def attempt_labels(exp: Experiment, attempt: int) -> dict[str, str]:
+    return {**common_labels(exp.name), api.LABEL_ATTEMPT: str(attempt)}
+
+
 def job_labels(exp: Experiment, spec: ExperimentSpec, attempt: int) -> dict[str, str]:
-    labels = {**common_labels(exp.name), api.LABEL_ATTEMPT: str(attempt)}
+    labels = attempt_labels(exp, attempt)
     if spec.queue_name:
         labels[api.KUEUE_QUEUE_LABEL] = spec.queue_name
         if spec.workload_priority_class_name:
@@ -422,8 +446,7 @@ def job_labels(exp: Experiment, spec: ExperimentSpec, attempt: int) -> dict[str,
 def pod_labels(exp: Experiment, spec: ExperimentSpec, attempt: int) -> dict[str, str]:
     return {
         **spec.pod_labels,
-        **common_labels(exp.name),
-        api.LABEL_ATTEMPT: str(attempt),
+        **attempt_labels(exp, attempt),
         placement.GANG_LABEL: gang_key(exp, attempt),
     }
 
@@ -504,7 +527,7 @@ def pod_template(
         "securityContext": pod_security,
         "containers": [container],
         "volumes": [
-            manifest_volume(),
+            manifest_volume(exp, attempt),
             {"name": "scratch", "emptyDir": {}},
             *checkpoint_volumes,
             *token_volumes,
@@ -528,10 +551,8 @@ def pod_template(
     if spec.priority_class_name:
         pod_spec["priorityClassName"] = spec.priority_class_name
     template_meta: dict[str, Any] = {"labels": pod_labels(exp, spec, attempt)}
-    template_meta["annotations"] = {
-        **spec.pod_annotations,
-        api.MANIFEST_ANNOTATION: manifest_yaml(exp),
-    }
+    if spec.pod_annotations:
+        template_meta["annotations"] = dict(spec.pod_annotations)
     return {"metadata": template_meta, "spec": pod_spec}
 
 

@@ -28,6 +28,7 @@ FIELD_MANAGER = "evokube-operator"
 KINDS: dict[str, tuple[str, str]] = {
     "Service": ("/api/v1", "services"),
     "ServiceAccount": ("/api/v1", "serviceaccounts"),
+    "ConfigMap": ("/api/v1", "configmaps"),
     "Event": ("/api/v1", "events"),
     "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
     "Namespace": ("/api/v1", "namespaces"),  # cluster-scoped: read by name alone

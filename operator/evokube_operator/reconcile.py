@@ -69,7 +69,7 @@ Stop = Blocker | Refusal
 class _Memory:
     """What one operator process remembers about one experiment (lost on restart, by design)."""
 
-    last_written: ExperimentView | None = None  # what our last status write returned
+    last_written: ExperimentView | None = None  # what our last status write returned (_written)
     statics: tuple[str, int] | None = None  # (uid, generation) last applied
     # (Job uid, when read, its FailedCreate events): read at most once a requeue interval.
     job_events: tuple[str, datetime, tuple[JobEvent, ...]] | None = None
@@ -86,6 +86,15 @@ class Outcome:
     restarts: int = 0  # gang restarts started by this reconcile (counted)
     preemptions: int = 0  # and the uncounted kind
     api_calls: int = 0
+
+
+def _written(body: dict[str, Any], cached_generation: Any) -> ExperimentView:
+    """The view of what our status write returned, without its spec where the watch cache
+    holds the same generation's: the spec is most of an experiment (issue 22), and until the
+    cache catches up the cache's copy of it is the same (the cache only moves forward)."""
+    if body["metadata"].get("generation") == cached_generation:
+        body = {**body, "spec": None}
+    return ExperimentView.from_body(body)
 
 
 def _resource_version(version: Any) -> int:
@@ -122,7 +131,10 @@ class Reconciler:
             meta.get("resourceVersion")
         )
         if same_object and newer:
-            return written.body()
+            freshest = written.body()
+            if not freshest["spec"]:  # left out: the cache's is the same generation's
+                freshest["spec"] = cached["spec"]
+            return freshest
         memory.last_written = None
         return cached
 
@@ -137,6 +149,7 @@ class Reconciler:
             self.forget(key)
             return Outcome(None)
         memory = self._memory.setdefault(key, _Memory())
+        cached_generation = body["metadata"].get("generation")
         body = self._freshest(key, body)
         fresh = False
         stop: Stop | None = None  # what keeps this attempt's Job from being created
@@ -185,7 +198,7 @@ class Reconciler:
                         self.forget(key)
                         return Outcome(None)
                     raise
-                memory.last_written = ExperimentView.from_body(body)
+                memory.last_written = _written(body, cached_generation)
                 before = before or old
             stopped = self._act(exp, body, plan, jobs)
             if stopped is not None:
@@ -365,21 +378,25 @@ class Reconciler:
             raise
 
     def _try_job(self, exp: Experiment, plan: Plan) -> list[NameConflict]:
-        """The plan's Job created in a dry run: a Job under its name that this experiment does
-        not control (one it does: adopted), if any; a refusal is raised."""
-        try:
-            self.kube.create_owned(self._job(exp, plan), exp.uid, update=False, dry_run=True)
-        except NameConflict as conflict:
-            return [conflict]
-        return []
+        """The plan's manifest and Job created in a dry run: those under their names that this
+        experiment does not control (one it does: adopted), if any; a refusal is raised."""
+        conflicts = []
+        for obj in self._attempt(exp, plan):
+            try:
+                self.kube.create_owned(obj, exp.uid, update=False, dry_run=True)
+            except NameConflict as conflict:
+                conflicts.append(conflict)
+        return conflicts
 
-    def _job(self, exp: Experiment, plan: Plan) -> dict[str, Any]:
-        """The gang's Job, or JobSet of one Job per slice (multislice)."""
+    def _attempt(self, exp: Experiment, plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(manifest ConfigMap, Job or multislice JobSet) of the plan's attempt, in the order
+        they are created."""
         assert plan.spec is not None and plan.create_job is not None, "decide plans no Job"
         build = jobset.jobset if plan.spec.accelerator.slices > 1 else builders.job
-        return build(
+        job = build(
             exp, plan.spec, plan.create_job, plan.job_deadline, trainer_token=self.trainer_token
         )
+        return builders.manifest_config_map(exp, plan.create_job), job
 
     def _act(
         self, exp: Experiment, body: dict[str, Any], plan: Plan, jobs: tuple[JobView, ...]
@@ -393,10 +410,16 @@ class Reconciler:
             kind = owned[name].kind
             if self.kube.delete(kind, exp.namespace, name, uid=owned[name].uid):
                 log.info("%s/%s: deleted %s %s", exp.namespace, exp.name, kind, name)
+        spent = set(plan.delete_jobs)
+        if plan.create_job:  # the last attempt's, whoever deleted its Job
+            spent.add(builders.job_name(exp.name, plan.create_job - 1))
+        for name in sorted(spent):  # each attempt's manifest goes with its Job
+            self.kube.delete("ConfigMap", exp.namespace, builders.manifest_name(name))
         if plan.create_job is not None:
-            job = self._job(exp, plan)
+            manifest, job = self._attempt(exp, plan)
             name = job["metadata"]["name"]
-            try:
+            try:  # the manifest is applied: a spec edited since an earlier try reaches it
+                self.kube.create_owned(manifest, exp.uid)
                 _, created = self.kube.create_owned(job, exp.uid, update=False)
             except NameConflict as conflict:
                 blocker = name_conflict([conflict])

@@ -306,24 +306,29 @@ def test_headless_service_publishes_hosts_before_they_are_ready():
     }
 
 
-def test_the_pod_template_carries_the_manifest_the_trainer_reads_from_its_file():
-    # Also the annotation a user would like to set: ours wins.
-    exp = experiment(podLabels={"a": "b"}, podAnnotations={api.MANIFEST_ANNOTATION: "mine"})
-    template = builders.job(exp, parse_spec(exp.spec), 0)["spec"]["template"]
-    document = yaml.safe_load(template["metadata"]["annotations"][api.MANIFEST_ANNOTATION])
+def test_the_attempts_config_map_carries_the_manifest_the_trainer_reads_from_its_file():
+    exp = experiment(podLabels={"a": "b"}, podAnnotations={"team": "rl"})
+    job = builders.job(exp, parse_spec(exp.spec), 2)
+    manifest = builders.manifest_config_map(exp, 2)
+    assert manifest["metadata"]["name"] == builders.manifest_name(job["metadata"]["name"])
+    assert manifest["metadata"]["name"] == "demo-2-manifest"
+    assert manifest["metadata"]["ownerReferences"] == job["metadata"]["ownerReferences"]
+    assert manifest["metadata"]["labels"] == job["metadata"]["labels"]  # no queue: the same
+    document = yaml.safe_load(manifest["data"][api.MANIFEST_FILE])
     assert document == {
         "apiVersion": "evokube.io/v1alpha1",
         "kind": "ERLExperiment",
         "metadata": {"name": "demo", "namespace": "ns"},
         "spec": dict(exp.spec),
     }
+    # The pods mount it; the template carries only the user's annotations, not the spec.
+    template = job["spec"]["template"]
+    assert template["metadata"]["annotations"] == {"team": "rl"}
     volume = next(v for v in template["spec"]["volumes"] if v["name"] == "manifest")
-    assert volume["downwardAPI"]["items"] == [
-        {
-            "path": api.MANIFEST_FILE,
-            "fieldRef": {"fieldPath": f"metadata.annotations['{api.MANIFEST_ANNOTATION}']"},
-        }
-    ]
+    assert volume["configMap"] == {
+        "name": "demo-2-manifest",
+        "items": [{"key": api.MANIFEST_FILE, "path": api.MANIFEST_FILE}],
+    }
     (container,) = template["spec"]["containers"]
     mount = next(m for m in container["volumeMounts"] if m["name"] == "manifest")
     assert mount["mountPath"] == api.MANIFEST_DIR
@@ -331,13 +336,28 @@ def test_the_pod_template_carries_the_manifest_the_trainer_reads_from_its_file()
     assert env[api.ENV_MANIFEST] == f"{api.MANIFEST_DIR}/{api.MANIFEST_FILE}"
 
 
-def test_an_edited_spec_reaches_the_next_attempts_job_only():
+def test_a_queued_attempts_config_map_carries_no_kueue_label():
+    exp = experiment(queueName="team-a")
+    labels = builders.manifest_config_map(exp, 0)["metadata"]["labels"]
+    assert api.KUEUE_QUEUE_LABEL in builders.job(exp, parse_spec(exp.spec), 0)["metadata"]["labels"]
+    assert api.KUEUE_QUEUE_LABEL not in labels and labels[api.LABEL_ATTEMPT] == "0"
+
+
+def test_a_pod_template_without_annotations_of_the_user_has_none():
+    exp = experiment()
+    assert (
+        "annotations"
+        not in builders.job(exp, parse_spec(exp.spec), 0)["spec"]["template"]["metadata"]
+    )
+
+
+def test_an_edited_spec_reaches_the_next_attempts_manifest_only():
     exp = experiment()
     edited = experiment(resources={"requests": {"memory": "8Gi"}})
-    first = builders.job(exp, parse_spec(exp.spec), 0)["spec"]["template"]["metadata"]
-    second = builders.job(edited, parse_spec(edited.spec), 1)["spec"]["template"]["metadata"]
-    assert "8Gi" not in first["annotations"][api.MANIFEST_ANNOTATION]
-    assert "8Gi" in second["annotations"][api.MANIFEST_ANNOTATION]
+    first = builders.manifest_config_map(exp, 0)["data"][api.MANIFEST_FILE]
+    second = builders.manifest_config_map(edited, 1)["data"][api.MANIFEST_FILE]
+    assert "8Gi" not in first
+    assert "8Gi" in second
 
 
 def test_builders_are_pure_and_idempotent():

@@ -9,6 +9,7 @@ from benchmarks.largest_experiment import largest_experiment
 from evokube_operator import api
 from evokube_operator.controller import Indices
 from evokube_operator.observe import ExperimentView
+from evokube_operator.reconcile import _written
 from evokube_operator.spec import Experiment
 from tests.operator.factories import body, gang, job, running_status
 from tests.operator.test_reconcile import KEY, FakeKube, reconciler
@@ -88,6 +89,14 @@ def test_the_reconciler_keeps_a_view_of_its_writes_and_forgets_a_deleted_experim
     assert isinstance(written, ExperimentView)
     assert written.body()["status"]["phase"] == api.RUNNING
     assert "annotations" not in written.body()["metadata"]
+    # Without the spec, which the cache holds for the same generation: a stale cache's copy
+    # reads as our write's status with that spec.
+    assert written.body()["spec"] == {}
+    stale = copy.deepcopy(kube.experiment) | {"status": {}}
+    stale["metadata"]["resourceVersion"] = "1"
+    freshest = rec._freshest(KEY, stale)
+    assert freshest["spec"] == kube.experiment["spec"]
+    assert freshest["status"]["phase"] == api.RUNNING
 
     # Once the watch has delivered that write, the reconciler keeps no copy of its own.
     rec.reconcile(KEY, copy.deepcopy(kube.experiment), (job(0),), gang(1))
@@ -95,3 +104,12 @@ def test_the_reconciler_keeps_a_view_of_its_writes_and_forgets_a_deleted_experim
 
     assert rec.reconcile(KEY, None, (), ()).phase is None  # the watch saw it deleted
     assert KEY not in rec._memory
+
+
+def test_a_write_of_another_generation_than_the_caches_keeps_its_spec():
+    """The spec was edited after the cached copy (a fresh read decided): the cache's spec is
+    not the write's, so the write's view keeps its own."""
+    edited = body(status=running_status(), generation=2, suspend=True)
+    kept = _written(edited, cached_generation=1)
+    assert kept.body()["spec"] == edited["spec"]
+    assert _written(edited, cached_generation=2).body()["spec"] == {}

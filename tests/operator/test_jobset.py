@@ -71,7 +71,6 @@ def test_the_pod_template_is_the_single_slice_one_but_for_the_environment_and_pl
     for part in (one_slice, many):
         part["spec"]["containers"][0].pop("env")
         part["spec"].pop("affinity", None)
-        part["metadata"]["annotations"].pop(api.MANIFEST_ANNOTATION)
     assert many == one_slice
 
 

@@ -12,6 +12,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from evokube_operator import api
 from tests.operator.conftest import GROUP, PLURAL, VERSION, experiment_manifest
 
 pytestmark = pytest.mark.cluster
@@ -77,7 +78,11 @@ def test_apply_creates_owned_objects_and_the_tpu_gang_runs_on_the_tpu_pool(k8s, 
     assert [(s.kind, s.name) for s in binding.subjects] == [("ServiceAccount", "tpu-trainer")]
     job = k8s.batch.read_namespaced_job("tpu-0", namespace)
     assert status["jobUID"] == job.metadata.uid
-    manifest = yaml.safe_load(job.spec.template.metadata.annotations["evokube.io/manifest"])
+    # The manifest is the attempt's ConfigMap, labelled like its Job; the pods carry no copy.
+    config_map = k8s.core.read_namespaced_config_map("tpu-0-manifest", namespace)
+    assert config_map.metadata.labels == job.metadata.labels
+    assert not job.spec.template.metadata.annotations
+    manifest = yaml.safe_load(config_map.data[api.MANIFEST_FILE])
     assert manifest["metadata"]["name"] == "tpu"
     assert manifest["spec"]["accelerator"]["tpu"]["topology"] == "4x4"
     assert (job.spec.completions, job.spec.parallelism) == (4, 4)
@@ -85,7 +90,7 @@ def test_apply_creates_owned_objects_and_the_tpu_gang_runs_on_the_tpu_pool(k8s, 
     assert [r.action for r in job.spec.pod_failure_policy.rules] == ["FailJob", "FailJob"]
     assert job.spec.template.spec.subdomain == "tpu"
     assert not job.spec.suspend  # no spec.queueName: nothing to wait for
-    for owned in (svc, account, role, binding, job):
+    for owned in (svc, account, role, binding, job, config_map):
         (owner,) = owned.metadata.owner_references
         assert (owner.kind, owner.name, owner.uid, owner.controller) == (
             "ERLExperiment",
@@ -207,6 +212,7 @@ def assert_everything_owned_is_gone(k8s, namespace, name):
         for lister in (
             k8s.core.list_namespaced_service,
             k8s.core.list_namespaced_service_account,
+            k8s.core.list_namespaced_config_map,
             k8s.rbac.list_namespaced_role,
             k8s.rbac.list_namespaced_role_binding,
         ):

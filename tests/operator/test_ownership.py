@@ -3,6 +3,7 @@ create for the very experiment, a checkpoint claim must opt in, and a Job delete
 starts the next attempt under a new name (docs/operator.md, "Names and ownership")."""
 
 import pytest
+import yaml
 from kubernetes import client
 
 from evokube_operator import api as evokube
@@ -17,6 +18,7 @@ pytestmark = pytest.mark.cluster
 
 ONE_CPU_HOST = {"type": "cpu"}
 WORKLOAD_IDENTITY = "iam.gke.io/gcp-service-account"
+LABEL_H = f"{evokube.LABEL_EXPERIMENT}=h"
 
 
 def foreign_objects(k8s, namespace):
@@ -61,7 +63,7 @@ def foreign_objects(k8s, namespace):
         },
     )
     k8s.core.create_namespaced_config_map(
-        namespace, {"metadata": {"name": "app-manifest"}, "data": {"config.yaml": "debug: false"}}
+        namespace, {"metadata": {"name": "app-0-manifest"}, "data": {"config.yaml": "debug: false"}}
     )
     k8s.batch.create_namespaced_job(
         namespace,
@@ -85,7 +87,7 @@ FOREIGN = [
     ("ServiceAccount", "ml-trainer", lambda k8s: k8s.core.read_namespaced_service_account),
     ("RoleBinding", "ml-trainer-secrets", lambda k8s: k8s.rbac.read_namespaced_role_binding),
     ("Service", "postgres", lambda k8s: k8s.core.read_namespaced_service),
-    ("ConfigMap", "app-manifest", lambda k8s: k8s.core.read_namespaced_config_map),
+    ("ConfigMap", "app-0-manifest", lambda k8s: k8s.core.read_namespaced_config_map),
     ("Job", "batch-0", lambda k8s: k8s.batch.read_namespaced_job),
 ]
 
@@ -127,7 +129,11 @@ def test_experiments_named_after_foreign_objects_take_over_none_of_them(k8s, nam
     for name in ("ml", "postgres", "app", "batch"):
         k8s.apply(experiment_manifest(name, namespace, accelerator=ONE_CPU_HOST))
 
-    for name, taken in [("ml", "ServiceAccount/ml-trainer"), ("postgres", "Service/postgres")]:
+    for name, taken in [
+        ("ml", "ServiceAccount/ml-trainer"),
+        ("postgres", "Service/postgres"),
+        ("app", "ConfigMap/app-0-manifest"),  # its first attempt's manifest
+    ]:
         condition = k8s.wait(lambda n=name: blocked(k8s, namespace, n), f"{name} to be Blocked")
         assert condition["reason"] == evokube.REASON_NAME_CONFLICT
         assert taken in condition["message"]
@@ -136,15 +142,14 @@ def test_experiments_named_after_foreign_objects_take_over_none_of_them(k8s, nam
         evokube.REASON_NAME_CONFLICT,
         True,
     )
-    # The manifest is no ConfigMap any more: app-manifest is just someone else's.
-    k8s.wait_running_gang(namespace, "app", 1)
-    for name in ("ml", "postgres", "batch"):
+    for name in ("ml", "postgres", "batch", "app"):
         status = k8s.status(namespace, name)
         assert status["phase"] == evokube.PENDING
         assert "jobName" not in status and "jobUID" not in status
         k8s.wait_event(namespace, name, evokube.REASON_NAME_CONFLICT)
         assert not k8s.pods(namespace, name)  # no trainer ever ran as ml-trainer
     assert [j.metadata.name for j in k8s.jobs(namespace, "batch")] == []
+    assert [j.metadata.name for j in k8s.jobs(namespace, "app")] == []
     assert fingerprint(k8s, namespace) == before
     # Nothing binds the foreign ml-trainer (or a blocked experiment's account) to a Role.
     bindings = {b.metadata.name for b in k8s.rbac.list_namespaced_role_binding(namespace).items}
@@ -153,7 +158,8 @@ def test_experiments_named_after_foreign_objects_take_over_none_of_them(k8s, nam
     # Renaming or removing the foreign object lets the experiment start.
     k8s.core.delete_namespaced_service("postgres", namespace)
     k8s.batch.delete_namespaced_job("batch-0", namespace, propagation_policy="Background")
-    for name in ("postgres", "batch"):
+    k8s.core.delete_namespaced_config_map("app-0-manifest", namespace)
+    for name in ("postgres", "batch", "app"):
         status = k8s.wait_running_gang(namespace, name, 1, timeout=60)
         assert status["jobName"] == f"{name}-0"
         cleared = k8s.condition(namespace, name, evokube.COND_BLOCKED)
@@ -164,7 +170,7 @@ def test_experiments_named_after_foreign_objects_take_over_none_of_them(k8s, nam
     k8s.cluster.kubectl("delete", "erlx", "--all", "-n", namespace, "--wait=true")
     for name in ("postgres", "batch", "app"):
         assert_everything_owned_is_gone(k8s, namespace, name)
-    survivors = [f for f in FOREIGN if f[1] not in ("postgres", "batch-0")]
+    survivors = [f for f in FOREIGN if f[1] not in ("postgres", "batch-0", "app-0-manifest")]
     after = fingerprint(k8s, namespace, survivors)
     assert after == {(kind, name): before[kind, name] for kind, name, _ in survivors}
 
@@ -253,6 +259,8 @@ def test_a_job_deleted_by_hand_starts_the_next_attempt_as_a_preemption(k8s, clus
     assert [e.type for e in events] == ["Normal"] and "Job h-0" in events[0].message
     status = k8s.wait_running_gang(namespace, "h", 1, timeout=60)
     assert [j.metadata.name for j in k8s.jobs(namespace, "h")] == ["h-1"]
+    manifests = k8s.core.list_namespaced_config_map(namespace, label_selector=LABEL_H).items
+    assert [m.metadata.name for m in manifests] == ["h-1-manifest"]  # h-0's went with its Job
     assert status["jobUID"] == k8s.batch.read_namespaced_job("h-1", namespace).metadata.uid
 
 
@@ -285,3 +293,25 @@ def test_owned_objects_are_written_only_when_this_experiment_controls_them(k8s, 
         assert kube.create_owned_all([role, account], exp.uid)[0].name == "own-trainer"
     finally:
         kube.close()
+
+
+def test_an_attempts_manifest_left_by_an_earlier_try_is_adopted_as_the_spec_is_now(k8s, namespace):
+    """The operator may stop between an attempt's manifest and its Job (or the API server
+    refuse the Job): the next reconcile takes up the ConfigMap this experiment owns, applied
+    with the spec as it is, instead of Blocked on its own object."""
+    exp = Experiment.from_body(suspended_experiment(k8s, namespace, "again"))  # attempt 0 next
+    earlier = builders.manifest_config_map(exp, 0)
+    earlier["data"] = {evokube.MANIFEST_FILE: "written before an edit\n"}
+    kube = Kube(k8s.cluster.api_client())
+    try:
+        created, fresh = kube.create_owned(earlier, exp.uid)
+    finally:
+        kube.close()
+    assert fresh
+    k8s.patch_spec(namespace, "again", {"suspend": False})
+    status = k8s.wait_running_gang(namespace, "again", 1)
+    assert status["jobName"] == "again-0"
+    found = k8s.core.read_namespaced_config_map("again-0-manifest", namespace)
+    assert found.metadata.uid == created["metadata"]["uid"]
+    manifest = yaml.safe_load(found.data[evokube.MANIFEST_FILE])
+    assert manifest["spec"] == k8s.experiment(namespace, "again")["spec"]

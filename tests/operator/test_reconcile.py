@@ -110,12 +110,14 @@ def test_a_new_experiment_gets_its_objects_then_status_then_its_job():
         ("create", "RoleBinding"),
         ("patch_status", api.KIND),
         ("event", api.REASON_EMPTYDIR_CHECKPOINTS),  # the factory's experiment: no location
+        ("create", "ConfigMap"),  # the attempt's manifest, before its Job
         ("create", "Job"),
         ("event", api.REASON_JOB_CREATED),
     ]
     assert outcome.phase == api.PENDING
     assert kube.experiment["status"]["jobName"] == "demo-0"
     assert ("Job", "demo-0") in kube.objects
+    assert ("ConfigMap", "demo-0-manifest") in kube.objects
 
 
 def test_a_gang_that_simply_runs_costs_no_api_call():
@@ -135,12 +137,13 @@ def test_a_restart_writes_status_before_the_new_job_and_reuses_the_owned_objects
     assert calls.index(("delete", "Job")) < calls.index(("create", "Job"))
     assert outcome.restarts == 1
     assert kube.experiment["status"]["restarts"] == 1
-    assert kube.deleted == [("demo-0", "job-uid-0")]  # only the very Job it saw it owns
+    # Only the very Job it saw it owns, and that attempt's manifest with it.
+    assert kube.deleted == [("demo-0", "job-uid-0"), ("demo-0-manifest", None)]
     # A second restart in the same process does not touch the owned objects again.
     kube.calls.clear()
     failed = (pod(0, "Failed", exit_code=75, attempt=1, job_uid="job-uid-1"),)
     rec.reconcile(KEY, copy.deepcopy(kube.experiment), (job(1),), failed)
-    assert [kind for verb, kind in kube.calls if verb == "create"] == ["Job"]
+    assert [kind for verb, kind in kube.calls if verb == "create"] == ["ConfigMap", "Job"]
     assert kube.experiment["status"]["jobName"] == "demo-2"
 
 
@@ -195,6 +198,7 @@ def test_a_job_not_seen_yet_is_created_again_under_the_same_name():
     kube = FakeKube(body(status=status))
     reconciler(kube).reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
     assert ("Job", "demo-0") in kube.objects
+    assert ("ConfigMap", "demo-0-manifest") in kube.objects
     assert kube.experiment["status"]["preemptions"] == 0
 
 
@@ -207,6 +211,7 @@ def test_creating_a_job_without_a_status_write_first_reads_the_experiment_again(
     reconciler(kube).reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
     assert kube.verbs()[0] == "get"
     assert ("Job", "demo-0") in kube.objects
+    assert ("ConfigMap", "demo-0-manifest") in kube.objects
 
 
 def test_the_reconciler_prefers_its_own_newer_write_to_the_cache():
@@ -275,6 +280,7 @@ def test_a_quota_blocks_within_one_reconcile_and_is_tried_again_without_a_storm(
     del kube.refuse[kind]
     rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
     assert ("Job", "demo-0") in kube.objects
+    assert ("ConfigMap", "demo-0-manifest") in kube.objects
     blocked = blocked_condition(kube)
     assert (blocked["status"], blocked["reason"]) == ("False", api.REASON_UNBLOCKED)
     assert kube.experiment["status"]["jobName"] == "demo-0"
@@ -357,6 +363,7 @@ def test_a_foreign_object_under_an_owned_name_blocks_the_start_and_stays_untouch
     del kube.objects[kind, name]
     rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
     assert ("Job", "demo-0") in kube.objects
+    assert ("ConfigMap", "demo-0-manifest") in kube.objects
     blocked = blocked_condition(kube)
     assert (blocked["status"], blocked["reason"]) == ("False", api.REASON_UNBLOCKED)
     assert kube.experiment["status"]["jobName"] == "demo-0"
@@ -420,6 +427,7 @@ def test_a_checkpoint_claim_must_opt_in(labels, said):
     )
     rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
     assert ("Job", "demo-0") in kube.objects
+    assert ("ConfigMap", "demo-0-manifest") in kube.objects
     assert blocked_condition(kube)["status"] == "False"
 
 

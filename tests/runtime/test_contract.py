@@ -2,7 +2,7 @@
 
 The operator's pod, rendered by its own builders, is handed to the trainer's own reader: the
 environment with its downward-API fields resolved for a fake pod, the manifest file the
-downwardAPI volume would mount. Both halves must see the same experiment, process group,
+attempt's ConfigMap volume would mount. Both halves must see the same experiment, process group,
 checkpoint location and ports, and docs/architecture.md must list exactly the contract.
 """
 
@@ -40,31 +40,35 @@ def _field(pod_meta: dict, path: str) -> str:
     return pod_meta[path.split(".")[1]]
 
 
-def pod_as_trainer_sees_it(job: dict, index: int, root: Path) -> dict[str, str]:
-    """The trainer container's environment in pod `index` of `job`, with its downwardAPI
-    volumes written under `root` and the variables naming them pointed there."""
+def pod_as_trainer_sees_it(
+    job: dict, config_maps: list[dict], index: int, root: Path
+) -> dict[str, str]:
+    """The trainer container's environment in pod `index` of `job`, with its ConfigMap volumes
+    (of `config_maps`) written under `root` and the variables naming them pointed there."""
     template = job["spec"]["template"]
     pod_meta = {
         "name": f"{job['metadata']['name']}-{index}-abcde",
         "namespace": job["metadata"]["namespace"],
         "labels": dict(template["metadata"]["labels"]),
         "annotations": {
-            **template["metadata"]["annotations"],
+            **template["metadata"].get("annotations", {}),
             contract.COMPLETION_INDEX_ANNOTATION: str(index),
         },
     }
+    data = {c["metadata"]["name"]: c["data"] for c in config_maps}
     (container,) = template["spec"]["containers"]
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     moved = {}
     for volume in template["spec"]["volumes"]:
-        if "downwardAPI" not in volume:
+        if volume.get("configMap", {}).get("name") not in data:
             continue
         mount = mounts[volume["name"]]
         moved[mount] = str(root / mount.lstrip("/"))
-        for item in volume["downwardAPI"]["items"]:
+        source = data[volume["configMap"]["name"]]
+        for item in volume["configMap"]["items"]:
             target = root / mount.lstrip("/") / item["path"]
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(_field(pod_meta, item["fieldRef"]["fieldPath"]))
+            target.write_text(source[item["key"]])
     env = {}
     for var in container["env"]:
         if "valueFrom" in var:
@@ -107,7 +111,7 @@ def test_the_trainer_reads_what_the_operator_meant(tmp_path, overrides, index):
     spec = parse_spec(exp.spec)
     attempt = 2
     job = builders.job(exp, spec, attempt)
-    env = pod_as_trainer_sees_it(job, index, tmp_path)
+    env = pod_as_trainer_sees_it(job, [builders.manifest_config_map(exp, attempt)], index, tmp_path)
     operators = {v["name"] for v in builders.trainer_env(exp, spec, attempt)}
     on_type = contract.OPERATOR_ENV_ON.get(spec.accelerator.type, ())
     assert set(contract.OPERATOR_ENV) <= operators <= {*contract.OPERATOR_ENV, *on_type}

@@ -87,6 +87,10 @@ tables them and tests/helm proves `kubectl auth can-i` grants nothing more.
 - apiGroups: [jobset.x-k8s.io]
   resources: [jobsets]
   verbs: [get, list, watch, create, delete]
+# One manifest ConfigMap per gang attempt, deleted with the attempt's Job.
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, create, patch, delete]
 # Read-only: which host runs, how each exited.
 - apiGroups: [""]
   resources: [pods]
