@@ -154,7 +154,7 @@ def test_only_host_0_of_slice_0_gets_the_trainer_token(
         api.JOB_INDEX_LABEL: str(slice_id),
         api.COMPLETION_INDEX_ANNOTATION: "0",  # also a label of an Indexed Job's pods
     }
-    metadata["annotations"][api.COMPLETION_INDEX_ANNOTATION] = "0"
+    metadata.setdefault("annotations", {})[api.COMPLETION_INDEX_ANNOTATION] = "0"
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
