@@ -48,6 +48,7 @@ from evokube_operator.ownership import (
     Blocker,
     NameConflict,
     creation_waves,
+    is_owned_by,
     listing_blocker,
     name_conflict,
     opt_in_blocker,
@@ -398,6 +399,18 @@ class Reconciler:
         )
         return builders.manifest_config_map(exp, plan.create_job), job
 
+    def _delete_manifest(self, exp: Experiment, name: str) -> None:
+        """An attempt's manifest ConfigMap, if this experiment controls it: a namesake of the
+        tenant's (the one that blocked an attempt, say) stays, as every object not ours does."""
+        try:
+            found = self.kube.get("ConfigMap", exp.namespace, name)
+        except ApiError as err:
+            if err.status == 404:
+                return
+            raise
+        if is_owned_by(found, exp.uid):
+            self.kube.delete("ConfigMap", exp.namespace, name, uid=found["metadata"].get("uid"))
+
     def _act(
         self, exp: Experiment, body: dict[str, Any], plan: Plan, jobs: tuple[JobView, ...]
     ) -> Stop | None:
@@ -414,7 +427,7 @@ class Reconciler:
         if plan.create_job:  # the last attempt's, whoever deleted its Job
             spent.add(builders.job_name(exp.name, plan.create_job - 1))
         for name in sorted(spent):  # each attempt's manifest goes with its Job
-            self.kube.delete("ConfigMap", exp.namespace, builders.manifest_name(name))
+            self._delete_manifest(exp, builders.manifest_name(name))
         if plan.create_job is not None:
             manifest, job = self._attempt(exp, plan)
             name = job["metadata"]["name"]

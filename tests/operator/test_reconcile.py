@@ -127,8 +127,17 @@ def test_a_gang_that_simply_runs_costs_no_api_call():
     assert outcome.phase == api.RUNNING
 
 
+def manifest_of_attempt(attempt: int, owner_uid: str) -> dict:
+    name = f"demo-{attempt}-manifest"
+    owner = {"uid": owner_uid, "controller": True}
+    return {"kind": "ConfigMap", "metadata": {"name": name, "ownerReferences": [owner]}}
+
+
 def test_a_restart_writes_status_before_the_new_job_and_reuses_the_owned_objects():
     kube = FakeKube(body(status=running_status()))
+    kube.objects["ConfigMap", "demo-0-manifest"] = manifest_of_attempt(
+        0, kube.experiment["metadata"]["uid"]
+    )
     rec = reconciler(kube)
     failed = (pod(0, "Failed", exit_code=75, job_uid="job-uid-0"),)
     outcome = rec.reconcile(KEY, copy.deepcopy(kube.experiment), (job(0),), failed)
@@ -145,6 +154,16 @@ def test_a_restart_writes_status_before_the_new_job_and_reuses_the_owned_objects
     rec.reconcile(KEY, copy.deepcopy(kube.experiment), (job(1),), failed)
     assert [kind for verb, kind in kube.calls if verb == "create"] == ["ConfigMap", "Job"]
     assert kube.experiment["status"]["jobName"] == "demo-2"
+
+
+def test_a_restart_leaves_a_tenants_namesake_of_the_last_manifest():
+    kube = FakeKube(body(status=running_status()))
+    kube.objects["ConfigMap", "demo-0-manifest"] = manifest_of_attempt(0, "someone-else")
+    failed = (pod(0, "Failed", exit_code=75, job_uid="job-uid-0"),)
+    reconciler(kube).reconcile(KEY, copy.deepcopy(kube.experiment), (job(0),), failed)
+    assert kube.deleted == [("demo-0", "job-uid-0")]
+    assert ("ConfigMap", "demo-0-manifest") in kube.objects
+    assert ("ConfigMap", "demo-1-manifest") in kube.objects
 
 
 def test_a_conflict_means_read_again_and_decide_again_keeping_the_trainers_progress():
