@@ -27,6 +27,9 @@ Where a pod and a local process differ, the runner bridges the gap:
   `127.0.0.1:<that pod's local port for port>`.
 - volumes: each is a folder under the runner's work folder (a PVC: its PV's
   `hostPath`); env values and args under a `mountPath` are rewritten.
+- env: `$(VAR)` in a value is expanded from the variables declared before it, as
+  kubelet does (`$$` is a literal `$`); a fieldRef may name any label or annotation
+  (JobSet's `jobset.sigs.k8s.io/job-index`, a Job's completion index).
 - API access: instead of in-cluster config (`KUBERNETES_SERVICE_*` and the
   token at a fixed path), `KUBECONFIG` names the same bound ServiceAccount token
   and CA (minted through TokenRequest, as kubelet does) and the API server's
@@ -153,7 +156,8 @@ class PodRunner:
 
     With `taint` the nodes are tainted `evokube.test/pod-runner=true:NoSchedule`: only
     pods that tolerate it and select the pool (`node_selector`, `tolerations`) land here.
-    Without (the laptop cluster), any pod the scheduler fits here does.
+    Without (the laptop cluster), any pod the scheduler fits here does. `add_pool` registers
+    more pools (a TPU slice's labels and chips, say) run by the same runner.
     """
 
     def __init__(
@@ -174,6 +178,9 @@ class PodRunner:
         self.workdir = Path(workdir).resolve()
         self.pool = pool
         self.node_names = [f"{pool}-{i}" for i in range(nodes)]
+        self._node_kinds: dict[str, tuple[dict[str, str], dict[str, str]]] = {
+            name: ({POOL_LABEL: pool}, {}) for name in self.node_names
+        }  # node -> (labels, extra capacity)
         self.taint = taint
         self.targets_file = targets_file
         self._targets: list[dict] | None = None
@@ -243,6 +250,26 @@ class PodRunner:
         pod.signal(signum)
         return pod.proc.pid
 
+    def add_pool(
+        self,
+        pool: str,
+        nodes: int,
+        labels: dict[str, str] | None = None,
+        capacity: dict[str, str] | None = None,
+        timeout: float = 60,
+    ) -> list[str]:
+        """Register `nodes` more nodes of `pool`, with extra `labels` and `capacity`
+        (e.g. google.com/tpu), tainted as the first pool's. One runner, one port space: pods
+        of every pool find each other's ports. Returns the new nodes' names."""
+        names = [f"{pool}-{i}" for i in range(nodes)]
+        for name in names:
+            self._node_kinds[name] = ({**(labels or {}), POOL_LABEL: pool}, dict(capacity or {}))
+            self._register(name)
+        self.node_names = [*self.node_names, *names]  # a new list: the loop may be iterating
+        self._heartbeat()
+        wait_until(self._nodes_usable, timeout, f"nodes {names} to be Ready, untainted")
+        return names
+
     # -- local storage ---------------------------------------------------------------------
     def provision_claim(self, namespace: str, claim: str, size: str = "1Gi") -> Path:
         """A PersistentVolumeClaim bound to a hostPath PV in the runner's folder (RWX), opted
@@ -305,7 +332,7 @@ class PodRunner:
                     "kubernetes.io/hostname": name,
                     "kubernetes.io/os": "linux",
                     "kubernetes.io/arch": "amd64",
-                    POOL_LABEL: self.pool,
+                    **self._node_kinds[name][0],
                 },
             },
             "spec": {
@@ -320,9 +347,9 @@ class PodRunner:
             if err.status != 409:
                 raise
 
-    def _node_status(self) -> dict[str, Any]:
+    def _node_status(self, name: str) -> dict[str, Any]:
         ok = {"lastHeartbeatTime": _now(), "lastTransitionTime": self._registered_at}
-        capacity = {"cpu": "8", "memory": "16Gi", "pods": "20"}
+        capacity = {"cpu": "8", "memory": "16Gi", "pods": "20", **self._node_kinds[name][1]}
         return {
             "conditions": [
                 {"type": "Ready", "status": "True", "reason": "KubeletReady", **ok},
@@ -352,9 +379,8 @@ class PodRunner:
         """Node status and Lease, as kubelet renews them (the node controller watches both)."""
         from kubernetes.client.exceptions import ApiException
 
-        status = self._node_status()
         for name in self.node_names:
-            self.core.patch_node_status(name, {"status": status})
+            self.core.patch_node_status(name, {"status": self._node_status(name)})
             lease = {"spec": {"holderIdentity": name, "leaseDurationSeconds": 40}}
             lease["spec"]["renewTime"] = _micro_now()
             try:
@@ -559,14 +585,16 @@ class PodRunner:
         }
         if container.get("envFrom"):
             raise Unsupported("envFrom")
+        declared: dict[str, str] = {}  # as the container sees them, before the runner's rewrites
         for var in container.get("env", []):
             source = var.get("valueFrom")
             if source is None:
-                value = var.get("value", "")
+                value = expand(var.get("value", ""), declared)
             elif "fieldRef" in source:
                 value = field_value(pod, source["fieldRef"]["fieldPath"])
             else:
                 raise Unsupported(f"env {var['name']}: only value and fieldRef")
+            declared[var["name"]] = value
             env[var["name"]] = rewrite(value)
         return env
 
@@ -840,6 +868,22 @@ def _write_downward_api(pod: dict, items: list[dict], target: Path) -> None:
         if "fieldRef" not in item:
             raise Unsupported(f"downwardAPI item {item.get('path')}: only fieldRef")
         _write_items(target, {item["path"]: field_value(pod, item["fieldRef"]["fieldPath"])}, None)
+
+
+_REFERENCE = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
+
+
+def expand(value: str, defined: dict[str, str]) -> str:
+    """Kubelet's expansion of an env value: `$(NAME)` of a variable declared before it,
+    `$$` as `$`; a reference to anything else stays as written."""
+
+    def one(match: re.Match) -> str:
+        name = match.group(1)
+        if name is None:
+            return "$"
+        return defined.get(name, match.group(0))
+
+    return _REFERENCE.sub(one, value)
 
 
 def field_value(pod: dict, path: str) -> str:

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from evokube_operator import jobset
 from tests.cluster.controlplane import wait_until
 from tests.e2e.podrunner import local_process
 from tests.e2e.stack import (
@@ -27,6 +28,9 @@ from tests.e2e.stack import (
     GROUP,
     PLURAL,
     RELEASE_NAMESPACE,
+    TPU_CHIPS,
+    TPU_TOPOLOGY,
+    TPU_TYPE,
     VERSION,
     Samples,
     Stack,
@@ -82,7 +86,7 @@ class Watcher:
         self.stack, self.namespace, self.name, self.timeline = stack, namespace, name, timeline
         self.progress: list[tuple[int, float | None]] = []  # (generation, best) as status shows
         self.tables: list[tuple[str, str]] = []  # `kubectl get erlx` (header, row) at each
-        self.jobs: dict[str, set[str]] = {}  # Job name -> every uid seen
+        self.jobs: dict[str, set[str]] = {}  # Job (or JobSet) name -> every uid seen
         self.phases: list[str] = []
         self._pods: dict[str, tuple] = {}
         self._operator: tuple | None = None  # (restart count, pid) of the running operator
@@ -169,13 +173,21 @@ class Watcher:
         jobs = self.stack.batch.list_namespaced_job(
             self.namespace, label_selector=f"evokube.io/experiment={self.name}"
         ).items
-        for job in jobs:
-            uids = self.jobs.setdefault(job.metadata.name, set())
-            if job.metadata.uid not in uids:
-                uids.add(job.metadata.uid)
-                self.timeline.add(
-                    "Job created", f"{job.metadata.name} (uid {job.metadata.uid[:8]})"
-                )
+        seen = [("Job", job.metadata.name, job.metadata.uid) for job in jobs]
+        if self.stack.jobset is not None:  # a multislice gang's Job is a JobSet
+            jobsets = self.stack.custom.list_namespaced_custom_object(
+                jobset.GROUP,
+                jobset.VERSION,
+                self.namespace,
+                jobset.PLURAL,
+                label_selector=f"evokube.io/experiment={self.name}",
+            )["items"]
+            seen += [("JobSet", j["metadata"]["name"], j["metadata"]["uid"]) for j in jobsets]
+        for kind, name, uid in seen:
+            uids = self.jobs.setdefault(name, set())
+            if uid not in uids:
+                uids.add(uid)
+                self.timeline.add(f"{kind} created", f"{name} (uid {uid[:8]})")
 
     def _on_pod(self, pod: dict[str, Any]) -> None:
         name = pod["metadata"]["name"]
@@ -270,11 +282,13 @@ class Report:
 
 
 def experiment_document(**spec_changes: Any) -> dict[str, Any]:
-    """experiment.yaml, with top-level spec fields merged (one level deep) from `spec_changes`."""
+    """experiment.yaml, with top-level spec fields merged (one level deep) from `spec_changes`
+    (None drops a field)."""
     document = yaml.safe_load(EXPERIMENT.read_text())
     for key, value in spec_changes.items():
         old = document["spec"].get(key)
-        document["spec"][key] = {**old, **value} if isinstance(old, dict) else value
+        both = isinstance(old, dict) and isinstance(value, dict)
+        document["spec"][key] = {**old, **value} if both else value
     return document
 
 
@@ -292,17 +306,21 @@ def _wait(report: Report, what: str, predicate, timeout: float, interval: float 
         raise type(err)(f"{err}\n--- timeline ---\n{report.timeline}") from None
 
 
-def _running_gang(stack: Stack, ns: str, job: str, hosts: int, report: Report) -> dict:
+def _running_gang(
+    stack: Stack, ns: str, job: str, hosts: int, report: Report, slices: int = 1
+) -> dict:
+    """The running pods of `job` by host; of a multislice gang's JobSet by (slice, host)."""
+
     def gang():
-        pods = stack.trainer_pods(ns, job)
+        pods = stack.trainer_pods(ns, job) if slices == 1 else stack.slice_pods(ns, job)
         running = {
             i: p
             for i, p in pods.items()
             if "running" in _container_state(p) and local_process(p) is not None
         }
-        return running if len(running) == hosts else None
+        return running if len(running) == slices * hosts else None
 
-    return _wait(report, f"{hosts} running pods of Job {job}", gang, 180)
+    return _wait(report, f"{slices * hosts} running pods of {job}", gang, 180)
 
 
 def _generation(stack: Stack, pod: dict[str, Any]) -> int:
@@ -318,26 +336,32 @@ def _log_match(pod: dict[str, Any], pattern: re.Pattern) -> re.Match | None:
     return pattern.search(Path(process["log"]).read_text(errors="replace"))
 
 
-def _train_until(stack: Stack, ns: str, job: str, generation: int, report: Report) -> dict:
-    """Wait for the gang of `job` to reach `generation`; returns its pods by host."""
-    pods = _running_gang(stack, ns, job, 2, report)
+def _train_until(
+    stack: Stack, ns: str, job: str, generation: int, report: Report, slices: int = 1
+) -> dict:
+    """Wait for the gang of `job` (2 hosts a slice) to reach `generation`; returns its pods
+    by host (by (slice, host) with slices)."""
+    pods = _running_gang(stack, ns, job, 2, report, slices)
+    first = pods[min(pods)]  # process 0
     _wait(
         report,
         f"generation {generation} on /metrics of {job}",
-        lambda: _generation(stack, pods[0]) >= generation,
+        lambda: _generation(stack, first) >= generation,
         180,
         interval=0.05,  # a generation takes tens of milliseconds
     )
     return pods
 
 
-def _finish(stack: Stack, ns: str, name: str, attempt_job: str, report: Report) -> Report:
+def _finish(
+    stack: Stack, ns: str, name: str, attempt_job: str, report: Report, slices: int = 1
+) -> Report:
     """Wait for the next attempt to resume and the experiment to succeed; fill the report."""
-    pods = _running_gang(stack, ns, attempt_job, 2, report)
+    pods = _running_gang(stack, ns, attempt_job, 2, report, slices)
     match = _wait(
         report,
         f"{attempt_job} to resume from a checkpoint",
-        lambda: _log_match(pods[0], RESUMED),
+        lambda: _log_match(pods[min(pods)], RESUMED),
         120,
     )
     report.resumed_at = int(match.group(1))
@@ -530,6 +554,70 @@ def killed_trainer_in_a_bucket(
     finally:
         if own:
             emulator.stop()
+
+
+# -- a multislice gang on JobSet ---------------------------------------------------------------
+SLICES = 2
+TPU_POOLS = ("slice-a", "slice-b")  # the runner's TPU node pools (Stack.add_tpu_slices)
+
+
+def multislice_spec(**spec_changes: Any) -> dict[str, Any]:
+    """experiment.yaml's spec changes for SLICES v5e slices of 2 hosts (the runner's TPU
+    pools, none of kwok's), plus `spec_changes`."""
+    accelerator = {
+        "type": "tpu",
+        "hosts": None,
+        "devicesPerHost": None,
+        "tpu": {
+            "type": TPU_TYPE,
+            "topology": TPU_TOPOLOGY,
+            "chipsPerHost": TPU_CHIPS,
+            "slices": SLICES,
+        },
+    }
+    # The population is sharded over every chip of every slice (2 x 8).
+    return {"accelerator": accelerator, "population": {"size": 16}, "nodeSelector": None,
+            **spec_changes}  # fmt: skip
+
+
+def _slice_facts(stack: Stack, ns: str, pods: dict) -> dict[tuple[int, int], dict[str, Any]]:
+    """Each running pod's environment as its process got it, and its node's pool."""
+    by_uid = {local.uid: local for local in stack.runner.pods.values()}
+    facts = {}
+    for key, pod in pods.items():
+        node = stack.core.read_node(pod["spec"]["nodeName"])
+        facts[key] = {
+            "env": by_uid[pod["metadata"]["uid"]].env,
+            "pool": node.metadata.labels["cloud.google.com/gke-nodepool"],
+            "name": pod["metadata"]["name"],
+        }
+    return facts
+
+
+def multislice_killed_trainer(stack: Stack, ns: str, timeline: Timeline) -> Report:
+    """A 2-slice x 2-host gang as one JobSet; SIGKILL a host of slice 1 mid-run: the JobSet
+    fails as a whole, the operator starts the next attempt's JobSet, which resumes from the
+    checkpoint."""
+    if stack.jobset is None:
+        stack.add_tpu_slices(TPU_POOLS, hosts=2)
+        timeline.add("jobset", f"controller pid {stack.jobset.process.pid}; pools {TPU_POOLS}")
+    report = _begin(stack, ns, timeline, **multislice_spec())
+    name = report.watcher.name
+    try:
+        pods = _train_until(stack, ns, f"{name}-0", KILL_AT, report, SLICES)
+        report.notes["gang"] = _slice_facts(stack, ns, pods)
+        report.mid_run = {2 * s + h: stack.scrape(p) for (s, h), p in pods.items()}
+        victim = pods[(1, 1)]["metadata"]["name"]
+        pid = stack.runner.kill(ns, victim, signal.SIGKILL)
+        report.disturbed_at = _generation(stack, pods[(0, 0)]) or _generation_of(report.mid_run[0])
+        timeline.add(
+            "SIGKILL", f"pid {pid} (slice 1 host 1, {victim}) at generation {report.disturbed_at}"
+        )
+        _finish(stack, ns, name, f"{name}-1", report, SLICES)
+        report.notes["resumed_gang"] = _slice_facts(stack, ns, stack.slice_pods(ns, f"{name}-1"))
+        return report
+    finally:
+        report.watcher.stop()
 
 
 # -- Kueue preempts a running gang ----------------------------------------------------------------
@@ -761,4 +849,5 @@ SCENARIOS = {
     "evicted-trainer": evicted_trainer,
     "killed-operator": killed_operator,
     "kueue-preemption": kueue_preemption,
+    "multislice-killed-trainer": multislice_killed_trainer,
 }

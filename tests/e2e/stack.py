@@ -19,7 +19,9 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.cluster.controlplane import ControlPlane, wait_until
+from evokube_operator import api as operator_api
+from tests.cluster.controlplane import NODE_POOL_LABEL, ControlPlane, wait_until
+from tests.cluster.jobset import JobSet
 from tests.e2e.podrunner import PodRunner, local_process
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,6 +31,10 @@ RELEASE, RELEASE_NAMESPACE = "evokube", "evokube-system"
 OPERATOR_SELECTOR = f"app.kubernetes.io/name=evokube-operator,app.kubernetes.io/instance={RELEASE}"
 CHECKPOINT_CLAIM = "checkpoints"  # experiment.yaml's checkpoint.volumeClaimName
 GROUP, VERSION, PLURAL = "evokube.io", "v1alpha1", "erlexperiments"
+COMPLETION_INDEX = operator_api.COMPLETION_INDEX_ANNOTATION
+# The TPU slices `add_tpu_slices` gives the runner: v5e hosts of 4 chips in a 2x4 topology,
+# which no kwok pool has, so that a multislice experiment's pods run here only.
+TPU_TYPE, TPU_TOPOLOGY, TPU_CHIPS = "tpu-v5-lite-podslice", "2x4", 4
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -38,6 +44,7 @@ class Stack:
         self.workdir = Path(workdir).resolve()
         self.cluster = ControlPlane(self.workdir / "cluster")
         self.runner: PodRunner | None = None
+        self.jobset: JobSet | None = None  # JobSet's controller, once `add_tpu_slices` started it
         self.api = None
         self.claims: dict[str, Path] = {}  # namespace -> the folder behind its checkpoint claim
 
@@ -63,7 +70,26 @@ class Stack:
             f"ServiceAccount {pod['spec']['serviceAccountName']}"
         )
 
+    def add_tpu_slices(self, pools: tuple[str, ...], hosts: int) -> None:
+        """The real JobSet controller, and TPU node pools of `hosts` nodes each, run by the
+        pod runner: a multislice experiment (TPU_TYPE, TPU_TOPOLOGY) trains on them."""
+        self.jobset = JobSet(self.cluster)
+        self.jobset.start()
+        for pool in pools:
+            self.runner.add_pool(
+                pool,
+                hosts,
+                labels={
+                    operator_api.TPU_ACCELERATOR_SELECTOR: TPU_TYPE,
+                    operator_api.TPU_TOPOLOGY_SELECTOR: TPU_TOPOLOGY,
+                    NODE_POOL_LABEL: pool,
+                },
+                capacity={operator_api.TPU_RESOURCE: str(TPU_CHIPS)},
+            )
+
     def down(self) -> None:
+        if self.jobset is not None:
+            self.jobset.stop()
         if self.runner is not None:
             self.runner.stop()
         if self.api is not None:
@@ -134,8 +160,18 @@ class Stack:
     def trainer_pods(self, namespace: str, job: str) -> dict[int, dict[str, Any]]:
         """The pods of one gang attempt by host index."""
         pods = self.pods(namespace, f"batch.kubernetes.io/job-name={job}")
-        index = "batch.kubernetes.io/job-completion-index"
-        return {int(p["metadata"]["annotations"][index]): p for p in pods}
+        return {int(p["metadata"]["annotations"][COMPLETION_INDEX]): p for p in pods}
+
+    def slice_pods(self, namespace: str, jobset: str) -> dict[tuple[int, int], dict[str, Any]]:
+        """The pods of one multislice gang attempt (a JobSet) by (slice, host)."""
+        pods = self.pods(namespace, f"{operator_api.JOBSET_NAME_LABEL}={jobset}")
+        return {
+            (
+                int(p["metadata"]["labels"][operator_api.JOB_INDEX_LABEL]),
+                int(p["metadata"]["annotations"][COMPLETION_INDEX]),
+            ): p
+            for p in pods
+        }
 
     def operator_pod(self) -> dict[str, Any]:
         (pod,) = self.pods(RELEASE_NAMESPACE, OPERATOR_SELECTOR)
