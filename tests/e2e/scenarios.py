@@ -9,6 +9,7 @@ demo prints and a failing test shows.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import threading
@@ -21,6 +22,7 @@ from typing import Any, TextIO
 import yaml
 
 from evokube_operator import jobset
+from evokube_operator.api import TPU_ACCELERATOR_SELECTOR, TPU_RESOURCE, TPU_TOPOLOGY_SELECTOR
 from tests.cluster.controlplane import wait_until
 from tests.e2e.podrunner import local_process
 from tests.e2e.stack import (
@@ -170,20 +172,7 @@ class Watcher:
                 self.timeline.add("kubectl get erlx", row)
 
     def _look_at_jobs(self) -> None:
-        jobs = self.stack.batch.list_namespaced_job(
-            self.namespace, label_selector=f"evokube.io/experiment={self.name}"
-        ).items
-        seen = [("Job", job.metadata.name, job.metadata.uid) for job in jobs]
-        if self.stack.jobset is not None:  # a multislice gang's Job is a JobSet
-            jobsets = self.stack.custom.list_namespaced_custom_object(
-                jobset.GROUP,
-                jobset.VERSION,
-                self.namespace,
-                jobset.PLURAL,
-                label_selector=f"evokube.io/experiment={self.name}",
-            )["items"]
-            seen += [("JobSet", j["metadata"]["name"], j["metadata"]["uid"]) for j in jobsets]
-        for kind, name, uid in seen:
+        for kind, name, uid in gang_objects(self.stack, self.namespace, self.name):
             uids = self.jobs.setdefault(name, set())
             if uid not in uids:
                 uids.add(uid)
@@ -219,6 +208,30 @@ class Watcher:
         if self._operator is not None and seen != self._operator:
             self.timeline.add("operator restarted", f"container restart {seen[0]}, pid {seen[1]}")
         self._operator = seen
+
+
+def gang_objects(stack: Stack, ns: str, name: str) -> list[tuple[str, str, str]]:
+    """(kind, name, uid) of the experiment's Jobs and, with JobSet running, JobSets (a
+    multislice gang's Job)."""
+    selector = f"evokube.io/experiment={name}"
+    jobs = stack.batch.list_namespaced_job(ns, label_selector=selector).items
+    seen = [("Job", job.metadata.name, job.metadata.uid) for job in jobs]
+    if stack.jobset is not None:
+        jobsets = stack.custom.list_namespaced_custom_object(
+            jobset.GROUP, jobset.VERSION, ns, jobset.PLURAL, label_selector=selector
+        )["items"]
+        seen += [("JobSet", j["metadata"]["name"], j["metadata"]["uid"]) for j in jobsets]
+    return seen
+
+
+def gang_object(stack: Stack, ns: str, job: str, slices: int) -> dict[str, Any]:
+    """A gang attempt's Job, or with slices its JobSet, as the API server shows it."""
+    if slices == 1:
+        response = stack.batch.read_namespaced_job(job, ns, _preload_content=False)
+        return json.loads(response.data)
+    return stack.custom.get_namespaced_custom_object(
+        jobset.GROUP, jobset.VERSION, ns, jobset.PLURAL, job
+    )
 
 
 def table_columns(header: str, row: str) -> dict[str, str]:
@@ -561,9 +574,9 @@ SLICES = 2
 TPU_POOLS = ("slice-a", "slice-b")  # the runner's TPU node pools (Stack.add_tpu_slices)
 
 
-def multislice_spec(**spec_changes: Any) -> dict[str, Any]:
+def multislice_spec() -> dict[str, Any]:
     """experiment.yaml's spec changes for SLICES v5e slices of 2 hosts (the runner's TPU
-    pools, none of kwok's), plus `spec_changes`."""
+    pools, none of kwok's)."""
     accelerator = {
         "type": "tpu",
         "hosts": None,
@@ -575,9 +588,15 @@ def multislice_spec(**spec_changes: Any) -> dict[str, Any]:
             "slices": SLICES,
         },
     }
-    # The population is sharded over every chip of every slice (2 x 8).
-    return {"accelerator": accelerator, "population": {"size": 16}, "nodeSelector": None,
-            **spec_changes}  # fmt: skip
+    # The population is sharded over every chip of every slice (2 x 8). Twice experiment.yaml's
+    # population reaches the target by generation 10 at its learning rate, in about a second:
+    # a fifth of it keeps the run going past KILL_AT for tens of generations.
+    return {
+        "accelerator": accelerator,
+        "population": {"size": 16},
+        "algorithm": {"name": "openes", "ec": {"noiseStd": 0.1, "learningRate": 0.01}},
+        "nodeSelector": None,
+    }
 
 
 def _slice_facts(stack: Stack, ns: str, pods: dict) -> dict[tuple[int, int], dict[str, Any]]:
@@ -637,21 +656,26 @@ class _Tagged:
         self.timeline.add(what, f"[{self.tag}] {detail}")
 
 
-def _kueue_objects(stack: Stack, ns: str) -> list[tuple[str, str]]:
-    """A flavor for the runner's nodes, a ClusterQueue with quota for one 2-host gang that
-    preempts lower priorities, a LocalQueue in `ns`, two WorkloadPriorityClasses.
+def _kueue_objects(stack: Stack, ns: str, slices: int = 1) -> list[tuple[str, str]]:
+    """A flavor for the runner's nodes (its TPU pools with slices), a ClusterQueue with quota
+    for one gang (2 hosts, of 1 CPU or a slice's chips each) that preempts lower priorities,
+    a LocalQueue in `ns`, two WorkloadPriorityClasses.
     Returns the cluster-scoped ones as (plural, name), to delete in reverse."""
     from tests.cluster.kueue import API_VERSION
     from tests.kueue import helpers
 
     runner = stack.runner
+    nodes, quota = runner.node_selector, {"cpu": 2}
+    if slices > 1:
+        nodes = {TPU_ACCELERATOR_SELECTOR: TPU_TYPE, TPU_TOPOLOGY_SELECTOR: TPU_TOPOLOGY}
+        quota = {TPU_RESOURCE: slices * 2 * TPU_CHIPS}
     flavor = {
         "apiVersion": API_VERSION,
         "kind": "ResourceFlavor",
         "metadata": {"name": FLAVOR},
         # Kueue adds these to an admitted Job's pods (the experiment has them already).
         "spec": {
-            "nodeLabels": runner.node_selector,
+            "nodeLabels": nodes,
             "tolerations": [
                 {**t, "value": "true", "operator": "Equal"} for t in runner.tolerations
             ],
@@ -666,7 +690,7 @@ def _kueue_objects(stack: Stack, ns: str) -> list[tuple[str, str]]:
             "clusterqueues",
             helpers.cluster_queue(
                 CLUSTER_QUEUE,
-                {FLAVOR: {"cpu": 2}},
+                {FLAVOR: quota},
                 preemption={"withinClusterQueue": "LowerPriority"},
             ),
         ),
@@ -694,12 +718,19 @@ def _priority_class(name: str, value: int) -> dict[str, Any]:
     }
 
 
-def kueue_preemption(stack: Stack, ns: str, timeline: Timeline, kueue_runner: Any = None) -> Report:
+def kueue_preemption(
+    stack: Stack, ns: str, timeline: Timeline, kueue_runner: Any = None, slices: int = 1
+) -> Report:
     """Under Kueue, a high-priority experiment preempts the running gang of a low-priority one:
     the gang checkpoints on SIGTERM, waits in Queued on its suspended Job, and resumes on the
-    same Job from that checkpoint once the high-priority one has finished."""
-    from tests.cluster.kueue import KueueRunner
+    same Job from that checkpoint once the high-priority one has finished. With `slices`,
+    both are multislice experiments: JobSets that Kueue admits, each as one Workload."""
+    from tests.cluster.kueue import KueueRunner, KueueSettings
     from tests.kueue import helpers
+
+    if slices > 1 and stack.jobset is None:  # before Kueue: its JobSet integration needs the CRD
+        stack.add_tpu_slices(TPU_POOLS, hosts=2)
+    gang = multislice_spec() if slices > 1 else {"resources": ONE_CPU_EACH}
 
     own = kueue_runner is None
     runner = KueueRunner(stack.cluster) if own else kueue_runner
@@ -708,27 +739,24 @@ def kueue_preemption(stack: Stack, ns: str, timeline: Timeline, kueue_runner: An
     sprint: Watcher | None = None
     try:
         began = time.monotonic()
-        kueue = runner.ensure()
+        frameworks = ("batch/job", "jobset.x-k8s.io/jobset") if slices > 1 else ("batch/job",)
+        kueue = runner.ensure(KueueSettings(frameworks=frameworks))
         timeline.add(
             "kueue", f"v0.17.0 manager pid {kueue.process.pid}, in {kueue.started_in:.0f}s"
         )
-        made = _kueue_objects(stack, ns)
+        made = _kueue_objects(stack, ns, slices)
         timeline.add(
             "kueue objects",
-            f"ClusterQueue {CLUSTER_QUEUE} (cpu 2 on flavor {FLAVOR}, withinClusterQueue: "
+            f"ClusterQueue {CLUSTER_QUEUE} (one gang on flavor {FLAVOR}, withinClusterQueue: "
             f"LowerPriority), LocalQueue {ns}/{QUEUE}, priorities {LOW}=10 {HIGH}=1000",
         )
-        report = _begin(
-            stack,
-            ns,
-            timeline,
-            queueName=QUEUE,
-            workloadPriorityClassName=LOW,
-            resources=ONE_CPU_EACH,
-        )
+        report = _begin(stack, ns, timeline, queueName=QUEUE, workloadPriorityClassName=LOW, **gang)
         report.notes["kueue_setup_s"] = time.monotonic() - began
         name, job = report.watcher.name, f"{report.watcher.name}-0"
-        pods = _train_until(stack, ns, job, KILL_AT, report)
+        pods = _train_until(stack, ns, job, KILL_AT, report, slices)
+        report.notes["workloads"] = [
+            w["metadata"]["name"] for w in helpers.workloads(stack.api, ns)
+        ]
         report.mid_run = {i: stack.scrape(p) for i, p in pods.items()}
         report.notes["low_pods"] = sorted(p["metadata"]["name"] for p in pods.values())
 
@@ -737,14 +765,14 @@ def kueue_preemption(stack: Stack, ns: str, timeline: Timeline, kueue_runner: An
         document = experiment_document(
             queueName=QUEUE,
             workloadPriorityClassName=HIGH,
-            resources=ONE_CPU_EACH,
             stopping={"maxGenerations": 10},
             checkpoint={"volumeClaimName": f"{SPRINT}-checkpoints"},
+            **gang,
         )
         document["metadata"]["name"] = SPRINT
         sprint = Watcher(stack, ns, SPRINT, _Tagged(timeline, SPRINT))
         sprint.start()
-        report.disturbed_at = _generation(stack, pods[0])
+        report.disturbed_at = _generation(stack, pods[min(pods)])
         stack.apply(ns, document)
         preempted_at = time.monotonic()
         timeline.add(
@@ -779,7 +807,7 @@ def kueue_preemption(stack: Stack, ns: str, timeline: Timeline, kueue_runner: An
         # The trainer's last progress patch (on its way out) names the SIGTERM checkpoint.
         with _quiet(report):
             report.notes["queued_status"] = _wait(report, "lastCheckpoint", saved, 30)
-        report.notes["job_suspended"] = stack.batch.read_namespaced_job(job, ns).spec.suspend
+        report.notes["job_suspended"] = gang_object(stack, ns, job, slices)["spec"]["suspend"]
         report.notes["queued_condition"] = {
             c["type"]: c for c in stack.status(ns, name).get("conditions") or []
         }.get("Queued")
@@ -788,18 +816,13 @@ def kueue_preemption(stack: Stack, ns: str, timeline: Timeline, kueue_runner: An
         _wait(report, f"{SPRINT} to succeed", lambda: sprint.phases[-1:] == ["Succeeded"], 240)
         report.notes["sprint_status"] = stack.status(ns, SPRINT)
         report.notes["sprint_phases"] = list(sprint.phases)
-        report.notes["sprint_admission"] = _admission_times(stack, ns, f"{SPRINT}-0")
+        report.notes["sprint_admission"] = _admission_times(stack, ns, f"{SPRINT}-0", slices)
         timeline.add("admission", f"[{SPRINT}] {report.notes['sprint_admission']}")
         report.notes["queued_s"] = time.monotonic() - preempted_at
-        _finish(stack, ns, name, job, report)
-        report.notes["admission"] = _admission_times(stack, ns, job)
+        _finish(stack, ns, name, job, report, slices)
+        report.notes["admission"] = _admission_times(stack, ns, job, slices)
         timeline.add("admission", str(report.notes["admission"]))
-        report.notes["jobs"] = sorted(
-            j.metadata.name
-            for j in stack.batch.list_namespaced_job(
-                ns, label_selector=f"evokube.io/experiment={name}"
-            ).items
-        )
+        report.notes["jobs"] = sorted(n for _, n, _ in gang_objects(stack, ns, name))
         return report
     finally:
         if report is not None:
@@ -812,17 +835,24 @@ def kueue_preemption(stack: Stack, ns: str, timeline: Timeline, kueue_runner: An
             runner.stop()  # webhooks first: nothing else on this cluster waits for Kueue
 
 
-def _admission_times(stack: Stack, ns: str, job: str) -> dict[str, str]:
-    """When the Job was last unsuspended (its Suspended=False condition, written by the Job
-    controller) and when its current pods were created: the operator counts only the pods
-    created at or after the former as the gang."""
-    body = stack.batch.read_namespaced_job(job, ns)
+def multislice_kueue_preemption(stack: Stack, ns: str, timeline: Timeline) -> Report:
+    """kueue_preemption with two multislice experiments: Kueue admits, preempts and resumes
+    each JobSet as one Workload."""
+    return kueue_preemption(stack, ns, timeline, slices=SLICES)
+
+
+def _admission_times(stack: Stack, ns: str, job: str, slices: int = 1) -> dict[str, str]:
+    """When the Job (JobSet) was last unsuspended (its Suspended=False condition, written by
+    its controller) and when its current pods were created: the operator counts only the
+    pods created at or after the former as the gang."""
+    conditions = (gang_object(stack, ns, job, slices).get("status") or {}).get("conditions")
     resumed = next(
-        (c for c in body.status.conditions or [] if c.type == "Suspended" and c.status == "False"),
+        (c for c in conditions or [] if c["type"] == "Suspended" and c["status"] == "False"),
         None,
     )
-    times = {"resumed": resumed.last_transition_time.isoformat() if resumed else "-"}
-    for index, pod in sorted(stack.trainer_pods(ns, job).items()):
+    times = {"resumed": resumed["lastTransitionTime"] if resumed else "-"}
+    pods = stack.trainer_pods(ns, job) if slices == 1 else stack.slice_pods(ns, job)
+    for index, pod in sorted(pods.items()):
         times[f"pod {index}"] = pod["metadata"]["creationTimestamp"]
     return times
 
@@ -850,4 +880,5 @@ SCENARIOS = {
     "killed-operator": killed_operator,
     "kueue-preemption": kueue_preemption,
     "multislice-killed-trainer": multislice_killed_trainer,
+    "multislice-kueue-preemption": multislice_kueue_preemption,
 }

@@ -21,7 +21,13 @@ from evokube_contract import (
 )
 from tests.e2e import scenarios
 from tests.e2e.scenarios import KILL_AT, SLICES, TPU_POOLS, Timeline
-from tests.e2e.test_e2e import NAME, check_one_job_per_attempt, check_progress_rose, counter_delta
+from tests.e2e.test_e2e import (
+    NAME,
+    check_kueue_preemption,
+    check_one_job_per_attempt,
+    check_progress_rose,
+    counter_delta,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -81,3 +87,15 @@ def test_a_killed_host_restarts_the_whole_jobset_which_resumes_from_its_checkpoi
         run_info = [dict(k[1]) for k in samples if k[0] == "evokube_run_info"]
         assert run_info and run_info[0]["processes"] == "4", (process, run_info)
     assert counter_delta(report, "evokube_operator_gang_restarts_total", kind="counted") == 1
+
+
+def test_kueue_admits_preempts_and_resumes_a_multislice_gang_as_one_workload(stack, e2e_namespace):
+    """The real Kueue with its JobSet integration on this stack's cluster: quota for one
+    2 x 2 gang of TPU hosts; a high-priority multislice experiment preempts the running one."""
+    report = scenarios.multislice_kueue_preemption(stack, e2e_namespace, Timeline())
+
+    # While the low-priority gang ran: one Workload, for its JobSet (none per slice).
+    (workload,) = report.notes["workloads"]
+    assert workload.startswith(f"jobset-{NAME}-0-"), workload
+    check_kueue_preemption(report, pods=SLICES * 2)
+    assert report.status["slices"] == SLICES
