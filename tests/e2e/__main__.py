@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     names = list(scenarios.SCENARIOS) if args.scenario == "all" else [args.scenario]
 
     setup = scenarios.Timeline(echo=sys.stdout)
-    stack = Stack(args.workdir)
+    stack = Stack(args.workdir, jobset=any(n.startswith("multislice") for n in names))
     started = time.monotonic()
     try:
         stack.up(log=lambda line: setup.add("setup", line))

@@ -14,8 +14,9 @@ from tests.e2e.stack import Stack
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    stack = Stack(tmp_path_factory.mktemp("e2e"))
+def stack(tmp_path_factory, request):
+    """With JobSet's controller where the module says `JOBSET = True`."""
+    stack = Stack(tmp_path_factory.mktemp("e2e"), jobset=getattr(request.module, "JOBSET", False))
     try:
         stack.up()
         yield stack

@@ -599,6 +599,13 @@ def multislice_spec() -> dict[str, Any]:
     }
 
 
+def _tpu_slices(stack: Stack, timeline: Timeline) -> None:
+    """The runner's TPU_POOLS, added on first use."""
+    if not stack.tpu_pools:
+        stack.add_tpu_slices(TPU_POOLS, hosts=2)
+        timeline.add("tpu pools", f"{TPU_POOLS}, 2 hosts each, run by the pod runner")
+
+
 def _slice_facts(stack: Stack, ns: str, pods: dict) -> dict[tuple[int, int], dict[str, Any]]:
     """Each running pod's environment as its process got it, and its node's pool."""
     by_uid = {local.uid: local for local in stack.runner.pods.values()}
@@ -617,9 +624,7 @@ def multislice_killed_trainer(stack: Stack, ns: str, timeline: Timeline) -> Repo
     """A 2-slice x 2-host gang as one JobSet; SIGKILL a host of slice 1 mid-run: the JobSet
     fails as a whole, the operator starts the next attempt's JobSet, which resumes from the
     checkpoint."""
-    if stack.jobset is None:
-        stack.add_tpu_slices(TPU_POOLS, hosts=2)
-        timeline.add("jobset", f"controller pid {stack.jobset.process.pid}; pools {TPU_POOLS}")
+    _tpu_slices(stack, timeline)
     report = _begin(stack, ns, timeline, **multislice_spec())
     name = report.watcher.name
     try:
@@ -728,8 +733,8 @@ def kueue_preemption(
     from tests.cluster.kueue import KueueRunner, KueueSettings
     from tests.kueue import helpers
 
-    if slices > 1 and stack.jobset is None:  # before Kueue: its JobSet integration needs the CRD
-        stack.add_tpu_slices(TPU_POOLS, hosts=2)
+    if slices > 1:
+        _tpu_slices(stack, timeline)
     gang = multislice_spec() if slices > 1 else {"resources": ONE_CPU_EACH}
 
     own = kueue_runner is None

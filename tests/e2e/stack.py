@@ -40,11 +40,13 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 class Stack:
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, jobset: bool = False):
         self.workdir = Path(workdir).resolve()
+        self.with_jobset = jobset
         self.cluster = ControlPlane(self.workdir / "cluster")
         self.runner: PodRunner | None = None
-        self.jobset: JobSet | None = None  # JobSet's controller, once `add_tpu_slices` started it
+        self.jobset: JobSet | None = None  # JobSet's controller, with `jobset`
+        self.tpu_pools: tuple[str, ...] = ()  # added by `add_tpu_slices`
         self.api = None
         self.claims: dict[str, Path] = {}  # namespace -> the folder behind its checkpoint claim
 
@@ -62,6 +64,11 @@ class Stack:
         self.runner = PodRunner(self.cluster, self.workdir / "runner")
         self.runner.start()
         log(f"pod runner: nodes {', '.join(self.runner.node_names)} Ready")
+        if self.with_jobset:
+            # Before the operator: its watch of JobSets may miss a CRD installed later.
+            self.jobset = JobSet(self.cluster)
+            self.jobset.start()
+            log(f"JobSet controller pid {self.jobset.process.pid}")
         self.helm_install()
         pod = self.operator_pod()
         log(
@@ -71,10 +78,11 @@ class Stack:
         )
 
     def add_tpu_slices(self, pools: tuple[str, ...], hosts: int) -> None:
-        """The real JobSet controller, and TPU node pools of `hosts` nodes each, run by the
-        pod runner: a multislice experiment (TPU_TYPE, TPU_TOPOLOGY) trains on them."""
-        self.jobset = JobSet(self.cluster)
-        self.jobset.start()
+        """TPU node pools of `hosts` nodes each, run by the pod runner: a multislice
+        experiment (TPU_TYPE, TPU_TOPOLOGY) trains on them, on a stack with JobSet."""
+        if self.jobset is None:
+            raise RuntimeError("multislice experiments need Stack(jobset=True)")
+        self.tpu_pools += pools
         for pool in pools:
             self.runner.add_pool(
                 pool,

@@ -32,6 +32,9 @@ from tests.e2e.test_e2e import (
 pytestmark = pytest.mark.cluster
 
 
+JOBSET = True  # conftest's stack starts JobSet's controller before the operator
+
+
 def check_env(gang: dict, jobset: str) -> None:
     """Every pod's environment, as its process got it, per slice and host."""
     service = NAME
