@@ -41,6 +41,20 @@ STOP_SECONDS = 10.0  # for the reconciles in flight at shutdown, before the Leas
 log = logging.getLogger(__name__)
 
 
+def watches_jobsets(kube: Kube) -> bool:
+    """Whether the cluster serves JobSets now, as Kopf starts its watches: one installed later
+    is not reliably picked up by Kopf's rescan, so the operator must restart to watch it."""
+    served = kube.serves(jobset.KIND)
+    if not served:
+        log.warning(
+            "%s/%s is not served: multislice experiments stay Blocked until JobSet is "
+            "installed and this operator restarted",
+            jobset.GROUP,
+            jobset.VERSION,
+        )
+    return served
+
+
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
     """Kopf passes each index (still empty here, filled in place later) by its function name."""
@@ -52,7 +66,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
     settings.watching.server_timeout = int(options.watch_timeout_seconds)
     settings.watching.client_timeout = options.watch_timeout_seconds + 10
     # The first listing in pages: a new leader among a thousand large experiments (and their
-    # Jobs and pods, which carry the manifest) never holds them all at once.
+    # Jobs and pods) never holds them all at once.
     settings.watching.chunk_size = LIST_CHUNK
     # Kopf's per-object worker holds its last event (the whole object) until it exits idle:
     # 5 s by default, which during a launch is every object's body at once.
@@ -86,6 +100,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
             timeouts=options.start_timeouts,
             default_checkpoints=options.default_checkpoint_location,
             trainer_token=options.trainer_token,
+            watches_jobsets=watches_jobsets(kube),
         ),
         Indices(
             kwargs["experiment_index"],

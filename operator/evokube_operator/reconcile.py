@@ -113,6 +113,7 @@ class Reconciler:
     timeouts: startup.Timeouts = startup.DEFAULT_TIMEOUTS  # of pods that cannot start
     default_checkpoints: str | None = None  # bucket URL; experiments get <it>/<ns>/<name>
     trainer_token: str = api.TOKEN_HOST_0  # which trainer pods hold an API token
+    watches_jobsets: bool = True  # the cluster served JobSets when the watches started
     _memory: dict[Key, _Memory] = field(default_factory=dict)
 
     def forget(self, key: Key) -> None:
@@ -345,15 +346,26 @@ class Reconciler:
         return replace(observation, job_gone=uid)
 
     def _jobset_blocker(self, spec: ExperimentSpec) -> Blocker | None:
-        """A multislice gang needs a cluster that serves JobSets (asked at each creation, so
-        that installing JobSet unblocks it); a person must install it, hence Blocked."""
-        if spec.accelerator.slices == 1 or self.kube.serves(jobset.KIND):
+        """A multislice gang needs a cluster that serves JobSets, and an operator that watches
+        them (it started after JobSet was installed); a person must act, hence Blocked."""
+        if spec.accelerator.slices == 1:
             return None
-        message = (
+        served = self.kube.serves(jobset.KIND)  # asked at each creation: JobSet may go or come
+        if served and self.watches_jobsets:
+            return None
+        gang = (
             f"spec.accelerator.tpu.slices is {spec.accelerator.slices}: a multislice gang runs "
-            f"as a {jobset.KIND} ({jobset.GROUP}/{jobset.VERSION}), which this cluster does not "
-            "serve; install JobSet (docs/multislice.md) or use one slice"
+            f"as a {jobset.KIND} ({jobset.GROUP}/{jobset.VERSION}), "
         )
+        if served:
+            message = gang + (
+                "which this cluster began to serve after the operator started: restart the "
+                "operator (kubectl rollout restart deployment of the chart) so that it watches "
+                "JobSets"
+            )
+        else:
+            message = gang + "which this cluster does not serve; install JobSet "
+            message += "(docs/multislice.md) or use one slice"
         return Blocker(api.REASON_JOBSET_NOT_SERVED, message)
 
     def _references_blocker(self, exp: Experiment, spec: ExperimentSpec) -> Blocker | None:
