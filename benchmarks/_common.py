@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -86,3 +87,45 @@ def run_children(
                 tail = "\n".join(err.read().splitlines()[-20:])
                 raise RuntimeError(f"{proc.args[4]} exited {proc.returncode}:\n{tail}")
     return json.loads(outputs[0].strip().splitlines()[-1])
+
+
+# -- children of the scaling benchmarks: processes of one jax.distributed group ------------------
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+BYTES = {"f32": 4, "s32": 4, "u32": 4, "pred": 1, "f16": 2, "bf16": 2, "s8": 1, "u8": 1}
+
+
+def shape_bytes(shapes: str) -> int:
+    """Bytes of the HLO shapes written in `shapes`, e.g. `(f32[64,3], s32[])`."""
+    total = 0
+    for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", shapes):
+        elements = 1
+        for d in filter(None, dims.split(",")):
+            elements *= int(d)
+        total += elements * BYTES.get(dtype, 4)
+    return total
+
+
+def join_group(processes: int, process_id: int, port: int) -> None:
+    """This child's place in the benchmark's jax.distributed group on 127.0.0.1, if several."""
+    import jax
+
+    if processes > 1:
+        jax.distributed.initialize(
+            coordinator_address=f"127.0.0.1:{port}",
+            num_processes=processes,
+            process_id=process_id,
+        )
+
+
+def time_steps(step: Callable, state, steps: int) -> float:
+    """Seconds for `steps` calls of a compiled `step(state) -> (state, metrics)`, after one
+    untimed call (compilation and first transfers)."""
+    import jax
+
+    state, metrics = step(state)
+    jax.block_until_ready(metrics)
+    start = time.perf_counter()
+    for _ in range(steps):
+        state, metrics = step(state)
+    jax.block_until_ready(metrics)
+    return time.perf_counter() - start

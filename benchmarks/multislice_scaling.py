@@ -25,21 +25,23 @@ import argparse
 import json
 import os
 import re
-import time
 from collections import defaultdict
 
 import numpy as np
 
 from benchmarks._common import (
+    COLLECTIVES,
     child_command,
     free_port,
+    join_group,
     load,
     print_header,
     print_row,
     run_children,
+    shape_bytes,
+    time_steps,
 )
 from benchmarks.config_flags import add_config_arguments, config_arguments
-from benchmarks.scaling_bench import BYTES, COLLECTIVES
 from evokube_contract import ENV_MEGASCALE_NUM_SLICES, ENV_MEGASCALE_SLICE_ID
 
 _HEADER = re.compile(r"(?:ENTRY )?%?([\w.\-]+) \(.*\{$")
@@ -51,13 +53,6 @@ _MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
 _IOTA_GROUPS = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
 _LIST_GROUPS = re.compile(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}")
 _PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
-
-
-def _bytes(shapes: str) -> int:
-    total = 0
-    for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", shapes):
-        total += int(np.prod([int(d) for d in dims.split(",") if d])) * BYTES.get(dtype, 4)
-    return total
 
 
 def _groups(line: str, devices: int) -> list[list[int]]:
@@ -121,7 +116,7 @@ def cross_slice_bytes(hlo: str, slices: int, devices: int) -> tuple[int, int]:
             match = _OP.search(line)
             if not match:
                 continue
-            result, op = _bytes(match[1]), match[2]
+            result, op = shape_bytes(match[1]), match[2]
             if op == "collective-permute":
                 pairs = re.findall(r"\{(\d+),(\d+)\}", _PAIRS.search(line)[1])
                 crossing = sum(int(a) // per_slice != int(b) // per_slice for a, b in pairs)
@@ -141,12 +136,7 @@ def cross_slice_bytes(hlo: str, slices: int, devices: int) -> tuple[int, int]:
 def child(args: argparse.Namespace) -> None:
     import jax
 
-    if args.processes > 1:
-        jax.distributed.initialize(
-            coordinator_address=f"127.0.0.1:{args.port}",
-            num_processes=args.processes,
-            process_id=args.process_id,
-        )
+    join_group(args.processes, args.process_id, args.port)
     from benchmarks.trainer_bench import build_config  # after: importing may start a backend
     from evokube_trainer.runtime.distributed import Slices
     from evokube_trainer.workflows import DeviceLayout, jit_workflow, make_workflow
@@ -161,13 +151,7 @@ def child(args: argparse.Namespace) -> None:
     if layout is not None:
         hlo = fns.step.lower(state).compile().as_text()
         ops, size = cross_slice_bytes(hlo, slices.count, jax.device_count())
-    state, metrics = fns.step(state)
-    jax.block_until_ready(metrics)
-    start = time.perf_counter()
-    for _ in range(args.generations):
-        state, metrics = fns.step(state)
-    jax.block_until_ready(metrics)
-    elapsed = time.perf_counter() - start
+    elapsed = time_steps(fns.step, state, args.generations)
     if jax.process_index() == 0:
         print(json.dumps({"s_per_gen": elapsed / args.generations, "ops": ops, "bytes": size}))
 

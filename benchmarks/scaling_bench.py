@@ -27,18 +27,19 @@ import re
 import time
 
 from benchmarks._common import (
+    COLLECTIVES,
     child_command,
     free_port,
+    join_group,
     load,
     print_header,
     print_row,
     run_children,
+    shape_bytes,
+    time_steps,
 )
 from benchmarks.config_flags import add_config_arguments, config_arguments
 from evokube_contract import ENV_XLA_FLAGS
-
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-BYTES = {"f32": 4, "s32": 4, "u32": 4, "pred": 1, "f16": 2, "bf16": 2, "s8": 1, "u8": 1}
 
 
 def collective_summary(hlo: str) -> tuple[int, int]:
@@ -49,23 +50,14 @@ def collective_summary(hlo: str) -> tuple[int, int]:
         if not match:
             continue
         count += 1
-        for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", match.group(1)):
-            elements = 1
-            for d in filter(None, dims.split(",")):
-                elements *= int(d)
-            size += elements * BYTES.get(dtype, 4)
+        size += shape_bytes(match.group(1))
     return count, size
 
 
 def child(args: argparse.Namespace) -> None:
     import jax
 
-    if args.processes > 1:
-        jax.distributed.initialize(
-            coordinator_address=f"127.0.0.1:{args.port}",
-            num_processes=args.processes,
-            process_id=args.process_id,
-        )
+    join_group(args.processes, args.process_id, args.port)
     from benchmarks.trainer_bench import build_config
     from evokube_trainer.workflows import DeviceLayout, jit_workflow, make_workflow
 
@@ -75,13 +67,7 @@ def child(args: argparse.Namespace) -> None:
     state = fns.init(jax.random.PRNGKey(0))
     compiled = fns.step.lower(state).compile() if layout is not None else None
     count, size = collective_summary(compiled.as_text()) if compiled is not None else (0, 0)
-    state, metrics = fns.step(state)
-    jax.block_until_ready(metrics)
-    start = time.perf_counter()
-    for _ in range(args.generations):
-        state, metrics = fns.step(state)
-    jax.block_until_ready(metrics)
-    elapsed = time.perf_counter() - start
+    elapsed = time_steps(fns.step, state, args.generations)
     allreduce_ms = time_allreduce(workflow.optimizer.num_dims)
     if jax.process_index() == 0:
         print(

@@ -86,6 +86,15 @@ ENV_HISTORY: Final = "EVOKUBE_HISTORY"  # set by `evokube run` only
 ENV_LOG_LEVEL: Final = "EVOKUBE_LOG_LEVEL"  # a logging level's name; unset: INFO (USER_ENV)
 # Where the trainer writes why it failed; unset: TERMINATION_LOG (tests point it elsewhere).
 ENV_TERMINATION_LOG: Final = "EVOKUBE_TERMINATION_LOG"
+# A TPU gang's: libtpu's host list and multislice wiring (the trainer reads the slice pair too).
+TPU_ENV: Final = (
+    ENV_TPU_WORKER_ID,
+    ENV_TPU_WORKER_HOSTNAMES,
+    ENV_MEGASCALE_COORDINATOR,
+    ENV_MEGASCALE_NUM_SLICES,
+    ENV_MEGASCALE_SLICE_ID,
+    ENV_MEGASCALE_PORT,
+)
 ENV_VARS: Final = (
     ENV_MANIFEST,
     ENV_COORDINATOR,
@@ -94,12 +103,7 @@ ENV_VARS: Final = (
     ENV_CHECKPOINT_DIR,
     ENV_METRICS_PORT,
     ENV_XLA_FLAGS,
-    ENV_TPU_WORKER_ID,
-    ENV_TPU_WORKER_HOSTNAMES,
-    ENV_MEGASCALE_COORDINATOR,
-    ENV_MEGASCALE_NUM_SLICES,
-    ENV_MEGASCALE_SLICE_ID,
-    ENV_MEGASCALE_PORT,
+    *TPU_ENV,
     ENV_REPORT_STATUS,
     ENV_HOME,
     ENV_HISTORY,
@@ -120,19 +124,7 @@ OPERATOR_ENV: Final = (
     ENV_REPORT_STATUS,
     ENV_HOME,
 )
-OPERATOR_ENV_ON: Final = MappingProxyType(
-    {
-        "cpu": (ENV_XLA_FLAGS,),
-        "tpu": (
-            ENV_TPU_WORKER_ID,
-            ENV_TPU_WORKER_HOSTNAMES,
-            ENV_MEGASCALE_COORDINATOR,
-            ENV_MEGASCALE_NUM_SLICES,
-            ENV_MEGASCALE_SLICE_ID,
-            ENV_MEGASCALE_PORT,
-        ),
-    }
-)
+OPERATOR_ENV_ON: Final = MappingProxyType({"cpu": (ENV_XLA_FLAGS,), "tpu": TPU_ENV})
 ENV_PREFIX: Final = "EVOKUBE_"
 USER_ENV: Final = (ENV_LOG_LEVEL,)
 
