@@ -27,8 +27,12 @@ def test_a_warm_build_reuses_the_cache_and_reports_real_versions():
         ["bash", str(HERE / "build.sh")], capture_output=True, text=True, check=True
     )
     assert "building" not in run.stderr, run.stderr  # nothing rebuilt
-    *control_plane, fake_gcs, kueue = (Path(p) for p in run.stdout.split())
-    for folder, version in ((fake_gcs, "FAKE_GCS_SERVER_VERSION"), (kueue, "KUEUE_VERSION")):
+    *control_plane, fake_gcs, kueue, jobset = (Path(p) for p in run.stdout.split())
+    for folder, version in (
+        (fake_gcs, "FAKE_GCS_SERVER_VERSION"),
+        (kueue, "KUEUE_VERSION"),
+        (jobset, "JOBSET_VERSION"),
+    ):
         assert folder.name.endswith(read_versions()[version])
         assert (folder / ".complete").exists()
     bins = Binaries(*control_plane)
