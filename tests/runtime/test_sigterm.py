@@ -61,3 +61,33 @@ def test_sigterm_during_a_long_generation_exits_at_once_with_the_last_one_saved(
     assert f"SIGTERM during generation {last + 1}: generation {last} is checkpointed" in out
     # It did not wait for the running generation (the old behaviour saved `last + 1`).
     assert took < rows[-1]["time/step_s"], (took, rows[-1]["time/step_s"])
+
+
+# A process whose run is over and which is SIGTERMed again and again while Python shuts down
+# (a pod deleted as the process ends): Python puts a handled SIGTERM back to its default late
+# in its shutdown, while the objects of a large run are still being freed.
+LATE_SIGTERMS = """
+import os, subprocess, sys
+from evokube_trainer.runtime.trainer import StopFlags
+
+flags = StopFlags()
+flags.install()
+if sys.argv[1] == "settled":
+    flags.settle()
+heap = [[i] * 3 for i in range(2_000_000)]  # freed late in the shutdown
+subprocess.Popen(["bash", "-c", f"while kill -TERM {os.getpid()}; do sleep 0.002; done"],
+                 stderr=subprocess.DEVNULL)
+sys.exit(75)
+"""
+
+
+def test_a_settled_run_keeps_its_exit_code_through_sigterms_during_shutdown():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(["trainer", "operator", "."])}
+    ends = {
+        how: subprocess.run(
+            [sys.executable, "-c", LATE_SIGTERMS, how], cwd=REPO, env=env, timeout=120
+        ).returncode
+        for how in ("settled", "unsettled")
+    }
+    # Unsettled, the default SIGTERM kills it during shutdown: what a pod reported as 143.
+    assert ends == {"settled": exitcodes.RETRIABLE, "unsettled": -signal.SIGTERM}

@@ -118,6 +118,7 @@ def _run(log: logging.Logger) -> int:
             flags=flags,
         )
     finally:
+        flags.settle()
         for history in histories:
             history.close()
     log.info("stopped at generation %d: %s", outcome.generation, outcome.reason)

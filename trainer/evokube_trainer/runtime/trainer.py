@@ -83,6 +83,13 @@ class StopFlags:
         self._wakeup = (reader, writer)  # keep both ends open for the process's life
         threading.Thread(target=self._watch, args=(reader,), daemon=True, name="sigterm").start()
 
+    def settle(self) -> None:
+        """The run's outcome is decided and on disk: a SIGTERM from now on (the pod deleted
+        while the process ends, as a peer's preemption stopped it) is ignored. Python's
+        shutdown puts a handled SIGTERM back to its default, which would turn the exit code
+        into 143; an ignored one stays ignored."""
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
     def _watch(self, reader: socket.socket) -> None:
         while True:
             signals = reader.recv(64)
