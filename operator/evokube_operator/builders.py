@@ -139,13 +139,11 @@ def manifest_config_map(exp: Experiment, attempt: int) -> dict[str, Any]:
     One object per attempt, not an annotation of the pod template: that copied the spec
     into the Job and every pod, and into each watch cache holding them (benchmarks/README.md).
     """
+    name = manifest_name(job_name(exp.name, attempt))
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {
-            **_metadata(exp, manifest_name(job_name(exp.name, attempt))),
-            "labels": attempt_labels(exp, attempt),
-        },
+        "metadata": _metadata(exp, name, labels=attempt_labels(exp, attempt)),
         "data": {api.MANIFEST_FILE: manifest_yaml(exp)},
     }
 
@@ -574,6 +572,11 @@ def indexed_job_spec(
     return job_spec
 
 
+def gang_metadata(exp: Experiment, spec: ExperimentSpec, attempt: int) -> dict[str, Any]:
+    """The metadata of an attempt's gang object: its Job, or its JobSet (jobset.py)."""
+    return _metadata(exp, job_name(exp.name, attempt), labels=job_labels(exp, spec, attempt))
+
+
 def job(
     exp: Experiment,
     spec: ExperimentSpec,
@@ -589,9 +592,6 @@ def job(
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {
-            **_metadata(exp, job_name(exp.name, attempt)),
-            "labels": job_labels(exp, spec, attempt),
-        },
+        "metadata": gang_metadata(exp, spec, attempt),
         "spec": job_spec,
     }

@@ -68,11 +68,6 @@ def jobset(
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
-        "metadata": {
-            "name": builders.job_name(exp.name, attempt),
-            "namespace": exp.namespace,
-            "labels": builders.job_labels(exp, spec, attempt),
-            "ownerReferences": [builders.owner_reference(exp)],
-        },
+        "metadata": builders.gang_metadata(exp, spec, attempt),
         "spec": body,
     }

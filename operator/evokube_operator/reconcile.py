@@ -456,8 +456,9 @@ class Reconciler:
                 return refused
             if created:
                 acc = plan.spec.accelerator
-                shape = f"{acc.slices} slices of {acc.hosts} hosts" if acc.slices > 1 else ""
-                hosts = shape or f"{acc.hosts} hosts"
+                hosts = f"{acc.hosts} hosts"
+                if acc.slices > 1:
+                    hosts = f"{acc.slices} slices of {hosts}"
                 message = f"created {job['kind']} {name}: {hosts}, attempt {plan.create_job}"
                 log.info("%s/%s: %s", exp.namespace, exp.name, message)
                 self._event(body, "Normal", api.REASON_JOB_CREATED, message)
