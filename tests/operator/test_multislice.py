@@ -66,6 +66,9 @@ def no_jobset_crd(k8s):
         install_jobset_crd(k8s)
     if not had and installed:
         k8s.cluster.kubectl("delete", "crd", JOBSET_CRD_NAME, "--wait")
+        k8s.wait(lambda: not served(k8s), "jobset.x-k8s.io no longer served")
+    # The later tests' operator watches what is served again (JobSet gone or back).
+    restart_operator(k8s)
 
 
 def install_jobset_crd(k8s) -> None:
