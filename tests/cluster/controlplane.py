@@ -373,10 +373,16 @@ class ControlPlane:
         for name in ("controller-manager", "scheduler", "kwok"):
             self.write_kubeconfig(self.workdir / f"{name}.kubeconfig", self.state.tokens[name])
 
-    def spawn(self, name: str, args: list[str], env: Mapping[str, str] | None = None) -> None:
+    def spawn(
+        self,
+        name: str,
+        args: list[str],
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> subprocess.Popen:
         """Start a process that belongs to this cluster: in a session of its own (it outlives
         whoever started it), logging to logs/<name>.log, its pid in state.json, so that
-        `stop` ends it too, newest first."""
+        `stop` ends it too, newest first. `cwd`: the cluster's folder unless given."""
         with open(self.log(name), "ab") as log:
             proc = subprocess.Popen(
                 args,
@@ -384,12 +390,13 @@ class ControlPlane:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                cwd=self.workdir,
+                cwd=cwd or self.workdir,
                 env=env,
             )
         self._procs[name] = proc
         self.state.pids[name] = proc.pid
         self.state.save()
+        return proc
 
     def wait_for(self, name: str, ready: Callable[[], bool], timeout: float, what: str) -> None:
         """Poll `ready` until true; fail fast, naming the log, if the process dies."""

@@ -350,20 +350,10 @@ class WebhookManager(ABC):
         )  # fmt: skip
 
     def _spawn(self) -> None:
+        # One of the cluster's own processes, so that stopping the cluster (or
+        # `python -m tests.cluster down`) ends a manager left behind as well.
         env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)}
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                self.command(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                cwd=self.workdir,
-                env=env,
-            )
-        # Recorded with the cluster's own processes, so that stopping the cluster
-        # (or `python -m tests.cluster down`) ends a manager left behind as well.
-        self.cluster.state.pids[self.name] = self.process.pid
+        self.process = self.cluster.spawn(self.name, self.command(), env, cwd=self.workdir)
         self.cluster.state.save()
 
     def tail(self, lines: int = 20) -> str:
