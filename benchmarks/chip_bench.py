@@ -24,9 +24,10 @@ Throughput, after one untimed generation, both with the trainer's one compiled `
 chunks of generations per call, as `Workflow.learn` does in a pod (chunks of about a second).
 "env steps/s" counts agent steps of the trainer column.
 
-Profile: a `jax.profiler` trace of a few chunked generations, its device time attributed to
-the generation's parts by their named scopes (`workflows.PARTS`); "host" is the wall time the
-device was idle. On a platform whose trace has no device ops (the CPU), the split is omitted.
+Profile (unless --no-profile): a `jax.profiler` trace of one generation, its device time
+attributed to the generation's parts by their named scopes (`workflows.PARTS`); "host" is the
+wall time the device was idle. On a platform whose trace has no device ops (the CPU), the
+split is omitted.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import collections
 import glob
 import gzip
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -113,6 +115,10 @@ def child(args: argparse.Namespace) -> None:
     """One trainer life: train until `--stop-at`, then (with `--throughput`) measure."""
     from evokube_trainer.runtime.trainer import train
 
+    # evokube's phases, timed (Orbax logs its every step at INFO: left out).
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(lambda r: r.name.startswith("evokube") or r.levelno >= logging.WARNING)
     first: list[float] = []
 
     class FirstGeneration:
@@ -163,15 +169,17 @@ def throughput(row: str, args: argparse.Namespace) -> dict:
     elapsed = time.perf_counter() - start
     steps = int(state.env_steps) - before
 
-    trace_dir = tempfile.mkdtemp(prefix="chip-bench-trace-")
-    jax.profiler.start_trace(trace_dir)
-    traced_start = time.perf_counter()
-    for _ in range(2):
-        state, _, done = jax.block_until_ready(fns.steps(state, *arguments))
-    traced_s = time.perf_counter() - traced_start
-    jax.profiler.stop_trace()
-    parts = profile_parts(trace_dir, traced_s, 2 * count)
-    shutil.rmtree(trace_dir, ignore_errors=True)
+    parts = None
+    if args.profile:
+        # One generation: a Brax generation alone is millions of traced kernels.
+        trace_dir = tempfile.mkdtemp(prefix="chip-bench-trace-")
+        jax.profiler.start_trace(trace_dir)
+        traced_start = time.perf_counter()
+        state, _, _ = jax.block_until_ready(fns.steps(state, *one))
+        traced_s = time.perf_counter() - traced_start
+        jax.profiler.stop_trace()
+        parts = profile_parts(trace_dir, traced_s, 1)
+        shutil.rmtree(trace_dir, ignore_errors=True)
     return {
         "step_gen_per_s": 1.0 / step_gen_s,
         "trainer_gen_per_s": generations / elapsed,
@@ -241,12 +249,23 @@ def spawn(row: str, directory: str, stop_at: int, args, throughput: bool = False
     ]
     command += ["--backend", args.backend] if args.backend else []
     command += ["--throughput"] if throughput else []
+    command += [] if args.profile else ["--no-profile"]
+    log = os.path.join(args.logs or tempfile.gettempdir(), f"chip-bench-{row}-{stop_at}.log")
     spawned = time.time()
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=args.timeout)
+    with open(log, "w") as stderr:  # kept: a child that times out still shows where it was
+        done = subprocess.run(
+            command,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            timeout=args.timeout,
+        )
     if done.returncode:
-        raise RuntimeError(f"{row} exited {done.returncode}:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{row} exited {done.returncode}; its log: {log}")
     report = json.loads(done.stdout.strip().splitlines()[-1])
     report["spawn_to_first_s"] = report["first_generation_at"] - spawned
+    print(f"# {row}, life {stop_at}: {json.dumps(report)}", flush=True)
     return report
 
 
@@ -256,6 +275,18 @@ def main(argv=None) -> None:
     parser.add_argument("--generations", type=int, default=20, help="timed generations")
     parser.add_argument("--backend", help="Brax pipeline (default: the trainer's choice)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per process")
+    parser.add_argument("--logs", help="folder for the children's logs (default: the temp folder)")
+    parser.add_argument(
+        "--no-restarts",
+        action="store_true",
+        help="one process a row: its first start, then throughput (no restart columns)",
+    )
+    parser.add_argument(
+        "--no-profile",
+        dest="profile",
+        action="store_false",
+        help="skip the jax.profiler trace of one generation",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--throughput", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint-dir", help=argparse.SUPPRESS)
@@ -270,15 +301,17 @@ def main(argv=None) -> None:
     for row in args.rows:
         directory = tempfile.mkdtemp(prefix=f"chip-bench-{row}-")
         try:
-            first = spawn(row, directory, 1, args)
-            warm = spawn(row, directory, 2, args)
-            for cached in (XLA_CACHE_SUBDIR, EXECUTABLES_SUBDIR):
-                shutil.rmtree(os.path.join(directory, cached), ignore_errors=True)
-            cold = spawn(row, directory, 3, args, throughput=True)
+            if args.no_restarts:
+                first = warm = cold = spawn(row, directory, 1, args, throughput=True)
+            else:
+                first = spawn(row, directory, 1, args)
+                warm = spawn(row, directory, 2, args)
+                for cached in (XLA_CACHE_SUBDIR, EXECUTABLES_SUBDIR):
+                    shutil.rmtree(os.path.join(directory, cached), ignore_errors=True)
+                cold = spawn(row, directory, 3, args, throughput=True)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
         results[row] = (first, warm, cold)
-        print(f"# {row}: {json.dumps(results[row])}", flush=True)
 
     print_header(
         "workload",
@@ -293,6 +326,13 @@ def main(argv=None) -> None:
         "cold / warm",
     )
     for row, (first, warm, cold) in results.items():
+        restarts = ["-"] * 3
+        if warm is not cold:
+            restarts = [
+                f"{cold['spawn_to_first_s']:.1f}",
+                f"{warm['spawn_to_first_s']:.1f}",
+                f"{cold['spawn_to_first_s'] / warm['spawn_to_first_s']:.1f}x",
+            ]
         print_row(
             ROWS[row],
             EVORL_GEN_PER_S[row],
@@ -301,9 +341,7 @@ def main(argv=None) -> None:
             f"{cold['trainer_gen_per_s'] / EVORL_GEN_PER_S[row]:.2f}",
             f"{cold['env_steps_per_s']:,.0f}",
             f"{first['spawn_to_first_s']:.1f}",
-            f"{cold['spawn_to_first_s']:.1f}",
-            f"{warm['spawn_to_first_s']:.1f}",
-            f"{cold['spawn_to_first_s'] / warm['spawn_to_first_s']:.1f}x",
+            *restarts,
         )
     print()
     print("Where a generation's time goes (ms per generation, from a jax.profiler trace):")

@@ -8,6 +8,7 @@ checkpoint location and ports, and docs/architecture.md must list exactly the co
 
 from __future__ import annotations
 
+import errno
 import re
 import subprocess
 import sys
@@ -229,3 +230,18 @@ def test_the_contract_imports_nothing_but_the_standard_library():
     ).stdout.split()
     heavy = {"jax", "yaml", "kopf", "kubernetes", "evokube_operator", "evokube_trainer"}
     assert heavy.isdisjoint(loaded)
+
+
+def test_evokube_run_goes_on_without_metrics_where_no_socket_opens(tmp_path, monkeypatch):
+    # Some sandboxes (the lent TPU machine among them) refuse every network socket: one
+    # process needs none (no coordinator), so the run starts without /metrics.
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+
+    monkeypatch.setattr(local.socket, "socket", refuse)
+    assert local._metrics_ports(9100, 1) is None
+    raw = {"metadata": {"name": "demo", "namespace": "default"}, "spec": dict(experiment().spec)}
+    raw["spec"]["accelerator"] = {"type": "cpu", "hosts": 1, "devicesPerHost": 1}
+    inputs = Inputs.from_env(local.process_env(raw, tmp_path, 1, 0, None, None))
+    assert inputs.metrics_port is None
+    assert inputs.group is None

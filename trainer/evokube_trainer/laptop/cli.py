@@ -28,7 +28,13 @@ def _load(path: str):
 
     try:
         loaded = manifest.load(path)
-        from evokube_trainer.runtime.config import to_run_config  # imports JAX: valid files only
+        import jax  # valid files only
+
+        # Checking needs no accelerator, and importing the environments computes on JAX's
+        # default device: on a TPU, whose chip one process at a time may hold, that would
+        # take the chip from the trainers `evokube run` starts (or from a run beside it).
+        jax.config.update("jax_platforms", "cpu")
+        from evokube_trainer.runtime.config import to_run_config
 
         to_run_config(loaded)  # what the trainer itself would refuse
     except manifest.ManifestError as err:

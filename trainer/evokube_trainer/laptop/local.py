@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import json
 import os
 import signal
@@ -55,6 +56,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _metrics_ports(first: int, processes: int) -> list[int] | None:
+    """A free metrics port per process, from `first` on; None where this machine lets no
+    program open a network socket (some sandboxes): the run goes on without /metrics."""
+    try:
+        return [
+            port if _port_free(port) else _free_port() for port in range(first, first + processes)
+        ]
+    except OSError as err:
+        if err.errno in (errno.EAFNOSUPPORT, errno.EPERM, errno.EACCES):
+            return None
+        raise
+
+
 def checkpoint_dir(manifest: Mapping[str, Any], run_dir: Path) -> str:
     """Where a local run's checkpoints, XLA cache and policies go. A bucket location is
     honoured; a path is not: everything of a local run stays in its run folder."""
@@ -84,8 +98,8 @@ def process_env(
     run_dir: Path,
     processes: int,
     process_id: int,
-    coordinator_port: int,
-    metrics_port: int,
+    coordinator_port: int | None,
+    metrics_port: int | None,
     slices: int = 1,
 ) -> dict[str, str]:
     """The environment of local process `process_id`: what the operator sets in a pod (the
@@ -97,10 +111,11 @@ def process_env(
         **os.environ,
         contract.ENV_MANIFEST: str(run_dir / contract.MANIFEST_FILE),
         contract.ENV_CHECKPOINT_DIR: checkpoint_dir(manifest, run_dir),
-        contract.ENV_METRICS_PORT: str(metrics_port),
         contract.ENV_HISTORY: str(run_dir / contract.HISTORY_FILE),
         "PYTHONUNBUFFERED": "1",
     }
+    if metrics_port is not None:
+        env[contract.ENV_METRICS_PORT] = str(metrics_port)
     if processes > 1:
         env[contract.ENV_COORDINATOR] = f"127.0.0.1:{coordinator_port}"
         env[contract.ENV_NUM_PROCESSES] = str(processes)
@@ -212,11 +227,9 @@ def run_locally(
         print(f"error: --runs-dir {runs_root}: {folders.describe(run_dir, err)}", file=sys.stderr)
         return exitcodes.PERMANENT
     spec = manifest["spec"]
-    coordinator = _free_port()
-    metrics_ports = [
-        port if _port_free(port) else _free_port()
-        for port in (spec["metricsPort"] + i for i in range(processes))
-    ]
+    # One process needs no coordinator (nor a socket: jax.distributed stays off).
+    coordinator = _free_port() if processes > 1 else None
+    metrics_ports = _metrics_ports(spec["metricsPort"], processes)
     print(
         f"evokube run: {name}: {spec['algorithm']['name']} on {spec['environment']['name']}, "
         f"population {spec['population']['size']}, {processes} process(es)"
@@ -227,11 +240,15 @@ def run_locally(
     location = (spec.get("checkpoint") or {}).get("location") or ""
     board = f"{location if is_url(location) else run_dir}/{contract.TENSORBOARD_SUBDIR}"
     print(f"  curves:     tensorboard --logdir {board}", file=out)
-    print(
-        "  metrics:    " + ", ".join(f"http://127.0.0.1:{p}/metrics" for p in metrics_ports),
-        file=out,
-        flush=True,
-    )
+    if metrics_ports is None:
+        print("  metrics:    off (this machine opens no network socket)", file=out, flush=True)
+        metrics_ports = [None] * processes
+    else:
+        print(
+            "  metrics:    " + ", ".join(f"http://127.0.0.1:{p}/metrics" for p in metrics_ports),
+            file=out,
+            flush=True,
+        )
 
     progress = Progress(
         run_dir / contract.HISTORY_FILE, spec["stopping"].get("maxGenerations"), out

@@ -86,6 +86,8 @@ def _run(log: logging.Logger) -> int:
     except ValueError as err:
         raise exitcodes.PermanentError(str(err)) from None
 
+    import jax
+
     from evokube_trainer.runtime.config import to_run_config
     from evokube_trainer.runtime.status import StatusReporter
     from evokube_trainer.runtime.trainer import StopFlags, train
@@ -107,6 +109,15 @@ def _run(log: logging.Logger) -> int:
         histories += _wandb_recorders(config.name, config.namespace, checkpoint_dir)
     flags = StopFlags()
     flags.install()
+    devices = jax.devices()
+    log.info(
+        "process %d of %d: %d %s device(s) in all (%s)",
+        inputs.process_id,
+        jax.process_count(),
+        len(devices),
+        devices[0].platform,
+        devices[0].device_kind,
+    )
     try:
         outcome = train(
             config,

@@ -24,6 +24,7 @@ import importlib.metadata
 import logging
 import os
 import pickle
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -125,7 +126,16 @@ class ExecutableStore:
         if loaded is not None:
             log.info("loaded the compiled %s from %s", name, path)
             return loaded
-        compiled = jitted.lower(*args).compile()
+        started = time.perf_counter()
+        lowered = jitted.lower(*args)
+        traced = time.perf_counter()
+        compiled = lowered.compile()
+        log.info(
+            "compiled the %s program: traced and lowered in %.1f s, compiled in %.1f s",
+            name,
+            traced - started,
+            time.perf_counter() - traced,
+        )
         self._save(path, compiled)
         return compiled
 
