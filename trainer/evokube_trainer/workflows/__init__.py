@@ -52,6 +52,7 @@ from evokube_trainer.workflows._workflow import (
     Workflow,
     WorkflowState,
     jit_workflow,
+    replica_values,
     seed_metrics,
 )
 
@@ -91,6 +92,7 @@ __all__ = [
     "make_optimizer",
     "make_workflow",
     "random_transitions",
+    "replica_values",
     "seed_metrics",
     "slice_index",
     "to_env_config",

@@ -553,6 +553,13 @@ def jit_workflow(workflow: Workflow, *, donate: bool = False) -> JittedWorkflow:
     )
 
 
+def replica_values(metrics: Mapping[str, float], name: str, seeds: int) -> list[float | None]:
+    """Each replica's value of `name` in `seed_metrics`' host metrics (None where absent)."""
+    if seeds == 1:
+        return [metrics.get(name)]
+    return [metrics.get(f"seed/{i}/{name}") for i in range(seeds)]
+
+
 def _obs_stats_metrics(stats: RunningStats) -> Metrics:
     std = jnp.sqrt(stats.var)
     return {
