@@ -65,10 +65,10 @@ def test_replicas_over_two_hosts_record_export_and_resume_exactly(tmp_path):
     log = (tmp_path / "runs" / "resumed" / "logs" / "process-0.log").read_text()
     assert "resumed from checkpoint at generation 2" in log
     again = history(tmp_path, "resumed")
+    assert [r["generation"] for r in again] == [1, 2, 3, 4]
     for name in ("ec/fitness_max", "ec/fitness_mean", "env_steps"):
-        assert [per_seed(r, name) for r in again] == pytest.approx(
-            [per_seed(r, name) for r in rows], rel=1e-5
-        )
+        for resumed_row, row in zip(again, rows, strict=True):
+            assert per_seed(resumed_row, name) == pytest.approx(per_seed(row, name), rel=1e-5)
 
 
 def test_seed_progress_keeps_the_best_so_far_and_the_newest_evaluation():
