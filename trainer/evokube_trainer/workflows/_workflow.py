@@ -388,11 +388,11 @@ class Workflow:
 
     def _candidates(self, state: WorkflowState) -> Array:
         """One replica's policies worth deploying `[C, D]`: the optimizer's `best` (mean or
-        elite) first,
-        then the learner's own actors (ERL's K agents; CEM-RL's trained actors are members
-        already). An ERL distribution's mean blends the injected agents with members of other
-        lineages, so its agents may well be the better policy: evaluation decides. Without an
-        optimizer (PBT), the learner's actors alone (`eval/candidate` k: member k)."""
+        elite) first, then the learner's own actors (ERL's K agents; CEM-RL's trained actors
+        are members already). An ERL distribution's mean blends the injected agents with
+        members of other lineages, so its agents may well be the better policy: evaluation
+        decides. Without an optimizer (PBT), the learner's actors alone (`eval/candidate` k:
+        member k)."""
         best = [] if self.optimizer is None else [self.optimizer.best(state.ec)[None]]  # [1, D]
         if self.learner is None:
             return best[0]
@@ -406,10 +406,9 @@ class Workflow:
 
     def _evaluate(self, state: WorkflowState) -> tuple[Metrics, Array]:
         """Returns of one replica's best candidate policy (`_candidates`), acting
-        deterministically, over
-        the evaluator's episodes, and that candidate `[D]` (what a policy export holds);
-        `eval/candidate` says which (0: the optimizer's best, k: the learner's k-th actor).
-        The key is derived from the state's, which is left unchanged."""
+        deterministically, over the evaluator's episodes, and that candidate `[D]` (what a
+        policy export holds); `eval/candidate` says which (0: the optimizer's best, k: the
+        learner's k-th actor). The key is derived from the state's, which is left unchanged."""
         params = self._candidates(state)  # [C, D]
         key = jax.random.fold_in(state.key, 0x5EED)
         result = self.evaluator.run(params, None, key, obs_stats=state.obs_stats)
@@ -452,10 +451,9 @@ class Workflow:
         timing metrics (the chunk's time shared out) and write every recorder; after the last
         one, evaluate the deployable policy when due (every `eval_every` generations; 0:
         never) and pass the evaluated candidate `[D]` (`[seeds, D]`; on the device,
-        replicated) to
-        `on_evaluation(state, policy, metrics)` (the policy export hook), then call
-        `on_generation(state, metrics)` (the checkpoint hook) and `stop(metrics)` with the
-        last generation's metrics. Pass `jitted` to reuse compiled functions across calls;
+        replicated) to `on_evaluation(state, policy, metrics)` (the policy export hook), then
+        call `on_generation(state, metrics)` (the checkpoint hook) and `stop(metrics)` with
+        the last generation's metrics. Pass `jitted` to reuse compiled functions across calls;
         recorders are not closed here. Timing metrics of the first generation include
         compilation unless `jitted` has already run this workflow. With several seeds the
         metrics are `seed_metrics`' and `time/env_steps_per_s` counts every replica's steps.
