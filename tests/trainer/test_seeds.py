@@ -19,6 +19,7 @@ from evokube_trainer.workflows import (
     StopAt,
     jit_workflow,
     make_workflow,
+    replica_seed,
     seed_metrics,
 )
 
@@ -117,3 +118,11 @@ def test_seed_metrics_are_the_mean_the_most_steps_and_each_replica():
     assert "seed/0/replay/size" not in metrics
     one = seed_metrics({"generation": np.int32(4), "ec/fitness_max": np.float32(-1.5)}, 1)
     assert one == {"generation": 4, "ec/fitness_max": -1.5}
+
+
+def test_the_replicas_root_seeds_wrap_into_32_bits():
+    workflow = make_workflow(OPENES, seeds=3)
+    keys = np.asarray(workflow.root_key(2**32 - 2))
+    expected = [jax.random.PRNGKey(s) for s in (2**32 - 2, 2**32 - 1, 0)]
+    assert np.array_equal(keys, np.stack(expected))
+    assert replica_seed(2**32 - 1, 1) == 0 and replica_seed(7, 2) == 9

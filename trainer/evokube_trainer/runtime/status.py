@@ -23,7 +23,7 @@ from typing import Any
 
 from evokube_contract import GROUP, PLURAL, VERSION
 from evokube_trainer.runtime.manifest import crd_schema
-from evokube_trainer.workflows import replica_values
+from evokube_trainer.workflows import replica_seed, replica_values
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ class SeedProgress:
         entries = []
         for i in range(self.seeds):
             entry = {
-                "seed": self.root_seed + i,
+                "seed": replica_seed(self.root_seed, i),
                 "bestFitness": self.best[i],
                 "fitness": self.fitness[i],
                 "evalReturn": self.eval_return[i],

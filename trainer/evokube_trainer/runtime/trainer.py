@@ -49,6 +49,7 @@ from evokube_trainer.runtime.status import SeedProgress, StatusReporter
 from evokube_trainer.workflows import (
     PBT_HYPERPARAMETERS,
     actor_network,
+    replica_seed,
     replica_values,
     to_environment_spec,
 )
@@ -411,7 +412,7 @@ def _policy_exporter(
         "environment": to_environment_spec(played),
         "evaluationEpisodes": run.env.eval_episodes,
         "network": network_config(actor_network(run, env.obs_dim, env.action_dim)),
-        "seed": config.seed + replica,
+        "seed": replica_seed(config.seed, replica),
         "evokubeVersion": __version__,
     }
     folder = "" if replica == 0 else f"/seed-{replica}"

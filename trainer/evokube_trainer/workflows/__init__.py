@@ -52,6 +52,7 @@ from evokube_trainer.workflows._workflow import (
     Workflow,
     WorkflowState,
     jit_workflow,
+    replica_seed,
     replica_values,
     seed_metrics,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "make_optimizer",
     "make_workflow",
     "random_transitions",
+    "replica_seed",
     "replica_values",
     "seed_metrics",
     "slice_index",

@@ -32,7 +32,8 @@ a learner, the random warm-up's observations seed them (as in EvoRL's ERL).
 Seeds in one program (`seeds` > 1): `init`, `step`, `steps` and `evaluate` are `jax.vmap`s of
 one replica's functions over a leading seeds axis of the whole state (`# [seeds, ...]`), so
 each replica has its own population, replay buffer, optimizer states and key, and they all run
-as one computation. Replica i starts from `root_key(seed)[i]` = `PRNGKey(seed + i)`. With one
+as one computation. Replica i starts from `root_key(seed)[i]` = `PRNGKey(seed + i)` (the sum
+wrapped into 32 bits: `replica_seed`). With one
 seed nothing is vmapped and the state has no such axis: the program is the one-replica program.
 `steps` stops on the replicas' aggregate (the mean best fitness, the most env steps, any
 replica not finite) and `learn` reports the aggregate with each replica's values beside it
@@ -177,10 +178,12 @@ class Workflow:
 
     def root_key(self, seed: int) -> Array:
         """`init`'s key for root seed `seed`: `PRNGKey(seed)` `[2]`, or with several seeds each
-        replica's `PRNGKey(seed + i)` `[seeds, 2]` (so replica 0 is the one-seed run)."""
+        replica's `PRNGKey(replica_seed(seed, i))` `[seeds, 2]` (so replica 0 is the one-seed
+        run)."""
         if self.seeds == 1:
             return jax.random.PRNGKey(seed)
-        return jnp.stack([jax.random.PRNGKey(seed + i) for i in range(self.seeds)])
+        keys = [jax.random.PRNGKey(replica_seed(seed, i)) for i in range(self.seeds)]
+        return jnp.stack(keys)
 
     def init(self, key: Array, warm_up: bool = True) -> WorkflowState:
         """The first state of every replica from `root_key(seed)`; see `_init`."""
@@ -549,6 +552,12 @@ def jit_workflow(workflow: Workflow, *, donate: bool = False) -> JittedWorkflow:
             donate_argnums=donated,
         ),
     )
+
+
+def replica_seed(seed: int, replica: int) -> int:
+    """Replica `replica`'s root seed: `seed + replica`, wrapped into the 32 bits a JAX key keeps
+    (spec.seed may be 2^32-1)."""
+    return (seed + replica) % 2**32
 
 
 def replica_values(metrics: Mapping[str, float], name: str, seeds: int) -> list[float | None]:
