@@ -184,6 +184,9 @@ BAD_MANIFESTS = [
         "zero hidden units", {"spec.policy": {"hiddenLayers": [0]}}, "spec.policy.hiddenLayers[0]"
     ),
     BadManifest("negative seed", {"spec.seed": -1}, "spec.seed"),
+    BadManifest("zero seeds", {"spec.seeds": 0}, "spec.seeds"),
+    BadManifest("65 seeds", {"spec.seeds": 65}, "spec.seeds"),
+    BadManifest("seeds as a string", {"spec.seeds": "3"}, "spec.seeds"),
     BadManifest(
         "claim with a gs:// location",
         {"spec.checkpoint": {"location": "gs://bucket/x", "volumeClaimName": "c"}},
@@ -739,6 +742,8 @@ GOOD_MANIFESTS = [
         },
     ),
     GoodManifest("integral float for an integer", {"spec.seed": 8.0}),
+    GoodManifest("64 seeds from the largest seed", {"spec.seed": 2**32 - 1, "spec.seeds": 64}),
+    GoodManifest("integral floats for seed and seeds", {"spec.seed": 8.0, "spec.seeds": 2.0}),
     GoodManifest("metadata labels and annotations", {"metadata.labels": {"example.com/a": "b"}}),
     GoodManifest(
         "largest allowed integers",

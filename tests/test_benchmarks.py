@@ -50,3 +50,20 @@ def test_placement_rate_places_both_ways_exclusively():
         ("jobset", "True"),
         ("affinity", "True"),
     ]
+
+
+def test_seeds_bench_measures_several_seeds_against_one():
+    """The smallest run of benchmarks/seeds_bench.py (CPU): 2 seeds of the OpenES row against
+    1, both rows of its table complete, the state growing by one replica's."""
+    run = subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "benchmarks.seeds_bench", "--rows", "openes-64",
+         "--seeds", "1", "2", "--generations", "2"],
+        cwd=BENCHMARKS.parent, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in run.stdout.splitlines() if "| openes-64 |" in line]
+    cells = [[cell.strip() for cell in row] for row in rows]
+    assert [row[1] for row in cells] == ["1", "2"]
+    assert cells[0][5] == "1.00" and float(cells[1][5]) > 0
+    state = [float(row[6].replace(",", "")) for row in cells]  # KiB
+    assert state[1] == pytest.approx(2 * state[0], rel=0.01) and float(cells[1][7]) > 0

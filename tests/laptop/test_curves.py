@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from evokube_trainer.laptop.cli import main
-from evokube_trainer.laptop.curves import history_rows
+from evokube_trainer.laptop.curves import history_rows, seed_band, seed_count
 from evokube_trainer.recorders import JsonLinesRecorder
 from evokube_trainer.runtime import exitcodes
 
@@ -137,3 +137,22 @@ def test_evokube_run_writes_tensorboard_beside_history_and_curve_draws_it(tmp_pa
     assert main(["curve", str(run), "-o", str(tmp_path / "board.png")]) == exitcodes.SUCCESS
     assert_curve(tmp_path / "board.png")
     assert_curve(run / "learning-curve.png")
+
+
+def test_a_run_of_several_seeds_draws_each_replica_and_their_mean_with_a_band(tmp_path):
+    """Rows as `Workflow.learn` writes them for spec.seeds: 3 (`seed/<i>/<metric>`)."""
+    fitness = {1: [-900.0, -700.0, -800.0], 2: [-400.0, "nan", -300.0], 3: [-150.0, -100.0, -50.0]}
+    with JsonLinesRecorder(tmp_path / "history.jsonl") as history:
+        for generation, values in fitness.items():
+            history.write(generation, {f"seed/{i}/ec/fitness_max": v for i, v in enumerate(values)})
+    rows = history_rows((tmp_path / "history.jsonl").read_text())
+    assert seed_count(rows) == 3
+    band = seed_band(rows, "ec/fitness_max", 3)
+    # Generation 2 has a replica without a finite value: no band point there.
+    assert [(g, m) for g, m, _ in band] == [(1, -800.0), (3, -100.0)]
+    # 95% Student-t half-width of three values one standard deviation 100 apart: t(0.975, 2)
+    # = 4.303, times 100 / sqrt(3).
+    assert band[0][2] == pytest.approx(4.3027 * 100 / 3**0.5, rel=1e-4)
+    assert main(["curve", str(tmp_path / "history.jsonl"), "-o", str(tmp_path / "seeds.png")]) == 0
+    assert_curve(tmp_path / "seeds.png")
+    assert seed_count(history_rows("")) == 1

@@ -76,5 +76,5 @@ def test_a_policy_records_the_brax_pipeline_its_env_ran():
         env = EnvConfig("brax/hopper", episode_length=5, eval_episodes=1, backend=backend)
         config = ECConfig(env=env, pop_size=2, actor_hidden_sizes=(4,))
         run = RunConfig("hop", "ns", 0, config, 1, None, None, None, 1, 1, 1)
-        exporter = _policy_exporter(run, make_workflow(config), "/tmp/unused")
+        exporter = _policy_exporter(run, make_workflow(config), "/tmp/unused", 0)
         assert exporter.metadata["environment"]["backend"] == played

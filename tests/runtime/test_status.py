@@ -85,6 +85,13 @@ def trainer_token(crd, api, operator, namespace):
     ).status.token
 
 
+# status.progress.seeds as SeedProgress writes it: a replica not evaluated yet has no evalReturn.
+SEEDS = [
+    {"seed": 4, "bestFitness": -150.5, "fitness": -160.0, "evalReturn": -170.25},
+    {"seed": 5, "bestFitness": -151.0, "fitness": -151.0},
+]
+
+
 def phase_of(api, namespace, name):
     obj = client.CustomObjectsApi(api).get_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, name
@@ -122,10 +129,12 @@ def test_progress_reaches_the_experiment_with_a_least_privilege_token(
         evalReturn=None,
         lastCheckpoint=2,
         hyperparameters={"actorLearningRate": 0.001, "explorationNoise": 0.2},  # pbt's
+        seeds=SEEDS,
     )
     reporter.close()
     progress = progress_of(api, namespace, "mine")
     assert progress["generation"] == 3 and progress["bestFitness"] == -150.5
+    assert progress["seeds"] == SEEDS
     assert progress["hyperparameters"] == {"actorLearningRate": 0.001, "explorationNoise": 0.2}
     assert "evalReturn" not in progress and progress["updatedAt"].endswith("Z")
     status = client.CustomObjectsApi(api).get_namespaced_custom_object(

@@ -1,7 +1,10 @@
-"""Episode returns -> fitness: pure, jittable reducers shared by the workflows."""
+"""Episode returns -> fitness: pure, jittable reducers shared by the workflows; and the mean
+with its 95% interval over replicas (seeds) that status, metrics and curves report."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Literal
 
 import jax
@@ -10,6 +13,7 @@ import jax.numpy as jnp
 __all__ = [
     "episode_returns_to_fitness",
     "masked_mean",
+    "mean_interval",
 ]
 
 Array = jax.Array
@@ -59,3 +63,16 @@ def episode_returns_to_fitness(
     else:
         raise ValueError(f"unknown reduction {reduction!r}; use mean, min, max or median")
     return jnp.where(any_valid, out, empty_value)
+
+
+def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """The mean of `values` (one per replica) and the half-width of its `confidence` interval,
+    Student-t with n - 1 degrees of freedom (0 for one value)."""
+    n = len(values)
+    mean = math.fsum(values) / n
+    if n == 1:
+        return mean, 0.0
+    from scipy.stats import t  # host only; scipy is jax's own dependency
+
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, float(t.ppf(0.5 + confidence / 2, n - 1)) * std / math.sqrt(n)

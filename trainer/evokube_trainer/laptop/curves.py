@@ -4,17 +4,22 @@
     evokube curve runs/pendulum                 # a run folder or a history.jsonl
     evokube curve s3://bucket/ml/pendulum       # a checkpoint location or history.jsonl URL
     evokube curve pendulum --namespace ml       # an ERLExperiment, through the kubeconfig
+
+A run of several seeds (spec.seeds: its rows hold `seed/<i>/<metric>`) draws each replica as a
+thin line and their mean with its 95% interval as a band.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
 
 from evokube_contract import GROUP, HISTORY_FILE, PLURAL, VERSION
 from evokube_trainer.runtime import folders
+from evokube_trainer.utils import mean_interval
 
 # The curves drawn, from the metrics of each generation.
 CURVES = (
@@ -44,18 +49,55 @@ def read_history(path: Path) -> list[dict]:
     return history_rows(path.read_text()) if path.exists() else []
 
 
+def seed_count(rows: list[dict]) -> int:
+    """How many replicas the rows' `seed/<i>/...` metrics name (1 when none do)."""
+    indices = {int(name.split("/")[1]) for row in rows for name in row if name.startswith("seed/")}
+    return max(indices) + 1 if indices else 1
+
+
+def seed_band(rows: list[dict], key: str, seeds: int) -> list[tuple[int, float, float]]:
+    """(generation, mean, 95% half-width) of metric `key` over the replicas, at each generation
+    where every replica has a finite value."""
+    band = []
+    for row in rows:
+        values = [row.get(f"seed/{i}/{key}") for i in range(seeds)]
+        if all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+            band.append((row["generation"], *mean_interval(values)))
+    return band
+
+
+def _points(rows: list[dict], key: str) -> list[tuple[int, float]]:
+    return [(r["generation"], r[key]) for r in rows if isinstance(r.get(key), int | float)]
+
+
 def plot_learning_curve(rows: list[dict], title: str, png_path: Path) -> Path:
-    """Best and mean fitness and the evaluation return against the generation, 800x450 px."""
+    """Best and mean fitness and the evaluation return against the generation, 800x450 px;
+    with several seeds, each replica's line and their mean with a 95% band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-    for key, label in CURVES:
-        points = [(r["generation"], r[key]) for r in rows if isinstance(r.get(key), int | float)]
-        if points:
-            ax.plot(*zip(*points, strict=True), label=label)
+    seeds = seed_count(rows)
+    for index, (key, label) in enumerate(CURVES):
+        color = f"C{index}"
+        if seeds == 1:
+            points = _points(rows, key)
+            if points:
+                ax.plot(*zip(*points, strict=True), label=label, color=color)
+            continue
+        for i in range(seeds):
+            points = _points(rows, f"seed/{i}/{key}")
+            if points:
+                ax.plot(*zip(*points, strict=True), color=color, alpha=0.3, linewidth=0.8)
+        band = seed_band(rows, key, seeds)
+        if band:
+            generations, means, halves = zip(*band, strict=True)
+            lows = [m - h for m, h in zip(means, halves, strict=True)]
+            highs = [m + h for m, h in zip(means, halves, strict=True)]
+            ax.fill_between(generations, lows, highs, color=color, alpha=0.2)
+            ax.plot(generations, means, color=color, label=f"{label} (mean of {seeds} seeds)")
     ax.set_xlabel("generation")
     ax.set_ylabel("return")
     ax.set_title(title)

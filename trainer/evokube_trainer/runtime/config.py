@@ -42,6 +42,8 @@ class RunConfig:
     spec: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # Seconds between SIGTERM and SIGKILL (the pod's terminationGracePeriodSeconds).
     grace_s: float = 30.0
+    # Replicas trained as one program (spec.seeds): replica i's root seed is seed + i.
+    seeds: int = 1
 
 
 def _ec_options(algorithm: Algorithm, ec: Mapping[str, Any], pop: int, source: str) -> dict:
@@ -107,4 +109,5 @@ def _run_config(manifest: Mapping[str, Any], algorithms: Mapping[str, Algorithm]
         checkpoint_keep=checkpoint["keep"],
         spec=spec,
         grace_s=float(spec.get("terminationGracePeriodSeconds", 30)),
+        seeds=spec.get("seeds", 1),
     )

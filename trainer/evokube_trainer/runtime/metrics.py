@@ -2,16 +2,20 @@
 
 Names carry the `evokube_` prefix and base units; counters end in `_total`;
 the labels (experiment, namespace, process, and a small fixed `stat`/`loss`
-set) stay low-cardinality. Every process serves its own endpoint, so a
-PodMonitor sees the whole gang.
+set, and `seed`: at most 64 replicas) stay low-cardinality. With several seeds
+(spec.seeds) the run's families report the replicas' mean, and the `evokube_seed_*`
+families each replica, with the 95% interval of their mean beside it. Every
+process serves its own endpoint, so a PodMonitor sees the whole gang.
 """
 
 from __future__ import annotations
 
 import platform
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+
+from evokube_trainer.utils import mean_interval
 
 # Prometheus `stat` label -> the workflow metric it reports.
 FITNESS_KEYS = {
@@ -71,6 +75,24 @@ class TrainerMetrics:
             base,
             registry=r,
         )
+        self.seed_fitness = Gauge(
+            "evokube_seed_fitness",
+            "One replica's fitness (spec.seeds): best in the last generation, or best so far.",
+            (*base, "seed", "stat"),
+            registry=r,
+        )
+        self.seed_eval_return = Gauge(
+            "evokube_seed_eval_return",
+            "Mean episode return of one replica's deployable policy (spec.seeds).",
+            (*base, "seed"),
+            registry=r,
+        )
+        self.seeds_interval = Gauge(
+            "evokube_seeds_interval",
+            "Half-width of the 95% Student-t interval of the replicas' mean (0 for one seed).",
+            (*base, "metric"),
+            registry=r,
+        )
         self.build = Info("evokube_build", "Versions this trainer runs with.", registry=r)
         self.run = Info("evokube_run", "What this process trains.", base, registry=r)
 
@@ -106,6 +128,22 @@ class TrainerMetrics:
                 loss = key.rsplit("/", 1)[-1].removesuffix("_loss")
                 self.rl_loss.labels(**labels, loss=loss).set(value)
         self.generation_seconds.labels(**labels).observe(duration_s)
+
+    def record_seeds(self, entries: Sequence[Mapping[str, float]]) -> None:
+        """Each replica's `status.progress.seeds` entry, and the interval of their mean of
+        `fitness` (as metric `fitness`) and of `evalReturn` (`eval_return`)."""
+        labels = self._labels
+        for entry in entries:
+            seed = str(entry["seed"])
+            for stat, key in (("best", "fitness"), ("best_so_far", "bestFitness")):
+                if key in entry:
+                    self.seed_fitness.labels(**labels, seed=seed, stat=stat).set(entry[key])
+            if "evalReturn" in entry:
+                self.seed_eval_return.labels(**labels, seed=seed).set(entry["evalReturn"])
+        for metric, key in (("fitness", "fitness"), ("eval_return", "evalReturn")):
+            values = [entry[key] for entry in entries if key in entry]
+            if len(values) == len(entries):
+                self.seeds_interval.labels(**labels, metric=metric).set(mean_interval(values)[1])
 
     def record_checkpoint(self, unix_time: float) -> None:
         self.checkpoint_time.labels(**self._labels).set(unix_time)

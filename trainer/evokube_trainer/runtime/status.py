@@ -16,12 +16,14 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from evokube_contract import GROUP, PLURAL, VERSION
 from evokube_trainer.runtime.manifest import crd_schema
+from evokube_trainer.workflows import replica_seed, replica_values
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +156,53 @@ class StatusReporter:
             self.failures += 1
             log.warning("could not report progress to %s/%s: %s", self.namespace, self.name, err)
             return False
+
+
+@dataclass
+class SeedProgress:
+    """Each replica's entry of `status.progress.seeds` (and of the per-seed metrics), kept
+    from generation to generation on the host: a merge patch replaces the whole list, so the
+    newest evaluation return and the best fitness so far must be remembered here. The best
+    is over the generations this process saw: a restart begins it again at the resumed
+    generation."""
+
+    root_seed: int
+    seeds: int
+    best: list[float] = field(init=False)
+    fitness: list[float | None] = field(init=False)
+    eval_return: list[float | None] = field(init=False)
+
+    def __post_init__(self):
+        self.best = [-math.inf] * self.seeds
+        self.fitness = [None] * self.seeds
+        self.eval_return = [None] * self.seeds
+
+    def update(self, metrics: Mapping[str, float]) -> None:
+        """Take one generation's host metrics (`Workflow.learn`'s)."""
+        self.fitness = replica_values(metrics, "ec/fitness_max", self.seeds)
+        self.best = [
+            best if value is None or not value > best else value
+            for best, value in zip(self.best, self.fitness, strict=True)
+        ]
+        evaluated = replica_values(metrics, "eval/return_mean", self.seeds)
+        self.eval_return = [
+            old if new is None else new
+            for old, new in zip(self.eval_return, evaluated, strict=True)
+        ]
+
+    def entries(self) -> list[dict[str, Any]]:
+        """`status.progress.seeds`: `{seed, bestFitness, fitness, evalReturn}` per replica, in
+        order; values not known yet or not finite are left out."""
+        entries = []
+        for i in range(self.seeds):
+            entry = {
+                "seed": replica_seed(self.root_seed, i),
+                "bestFitness": self.best[i],
+                "fitness": self.fitness[i],
+                "evalReturn": self.eval_return[i],
+            }
+            entries.append({k: v for k, v in entry.items() if v is not None and _finite(v)})
+        return entries
 
 
 def max_hyperparameters() -> int:

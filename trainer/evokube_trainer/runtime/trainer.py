@@ -45,8 +45,14 @@ from evokube_trainer.runtime.checkpoints import Checkpointer, enable_compilation
 from evokube_trainer.runtime.config import RunConfig
 from evokube_trainer.runtime.executables import ExecutableStore, fingerprint
 from evokube_trainer.runtime.metrics import TrainerMetrics
-from evokube_trainer.runtime.status import StatusReporter
-from evokube_trainer.workflows import PBT_HYPERPARAMETERS, actor_network, to_environment_spec
+from evokube_trainer.runtime.status import SeedProgress, StatusReporter
+from evokube_trainer.workflows import (
+    PBT_HYPERPARAMETERS,
+    actor_network,
+    replica_seed,
+    replica_values,
+    to_environment_spec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +148,9 @@ class _Generations:
     reporter: StatusReporter | None
     flags: StopFlags
     env_steps: int
-    exporter: PolicyExporter | None = None  # process 0 with a checkpoint location
+    replicas: SeedProgress
+    # process 0 with a checkpoint location: one per replica (spec.seeds), in order
+    exporters: Sequence[PolicyExporter] = ()
     layout: Mapping[str, object] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     code: int = CONTINUE
@@ -164,6 +172,8 @@ class _Generations:
         new_steps = host["env_steps"] - self.env_steps
         self.env_steps = int(host["env_steps"])
         self.metrics.record_generation(host, host["time/step_s"], new_steps)
+        self.replicas.update(host)
+        self.metrics.record_seeds(self.replicas.entries())
 
     def close(self) -> None:
         pass
@@ -181,13 +191,24 @@ class _Generations:
         return max(count, 1)
 
     def on_evaluation(self, state, policy, host: Mapping[str, float]) -> None:
-        """Exports the evaluated policy (process 0; every process ran the evaluation)."""
-        if self.exporter is None:
+        """Exports each replica's evaluated policy (process 0; every process ran the
+        evaluation). `policy`: `[D]`, with several seeds `[seeds, D]`."""
+        if not self.exporters:
             return
+        seeds = len(self.exporters)
+        returns = replica_values(host, "eval/return_mean", seeds)
+        # To the host first: the arrays may span every process's devices, and indexing them
+        # here would be a collective that only this process runs.
+        policy, obs_stats = jax.device_get((policy, state.obs_stats))
         with self.lock:  # a SIGTERM now waits for this export
-            self.exporter.export(
-                int(host["generation"]), policy, state.obs_stats, host["eval/return_mean"]
-            )
+            for i, (exporter, eval_return) in enumerate(zip(self.exporters, returns, strict=True)):
+                replica = (lambda x: x) if seeds == 1 else (lambda x, i=i: x[i])
+                exporter.export(
+                    int(host["generation"]),
+                    replica(policy),
+                    jax.tree.map(replica, obs_stats),
+                    eval_return,
+                )
 
     def on_generation(self, state, host: Mapping[str, float]) -> None:
         with self.lock:  # a SIGTERM now waits for this generation's checkpoint
@@ -232,8 +253,10 @@ class _Generations:
             self.saved = generation
             self.metrics.record_checkpoint(time.time())
         if self.reporter is not None and jax.process_index() == 0:
-            self.reporter.report(**_progress(host, self.checkpointer))
-            result = self.exporter.result() if self.exporter else None
+            self.reporter.report(
+                **_progress(host, self.checkpointer), seeds=self.replicas.entries()
+            )
+            result = self.exporters[0].result() if self.exporters else None
             if result is not None:
                 self.reporter.report_result(**result)
 
@@ -290,9 +313,9 @@ def train(
         metrics.serve(metrics_port)
 
     layout = DeviceLayout.over_all_devices(slices) if jax.device_count() > 1 else None
-    workflow = make_workflow(config.workflow, layout)
+    workflow = make_workflow(config.workflow, layout, config.seeds)
     fns = jit_workflow(workflow, donate=True)  # learn keeps only the newest state
-    key = jax.random.PRNGKey(config.seed)
+    key = workflow.root_key(config.seed)
     checkpointer = state = None
     record = _layout_record(config)
     if checkpoint_dir:
@@ -311,17 +334,29 @@ def train(
     if checkpoint_dir:
         fns = _stored_programs(workflow, fns, state, stop_at, config, checkpoint_dir)
 
-    generation, env_steps = int(state.generation), int(state.env_steps)
+    # With several seeds these are [seeds]: the generation is every replica's, the env steps
+    # (as the stopping rules read them) the most any replica took.
+    generation, env_steps = int(np.max(state.generation)), int(np.max(state.env_steps))
     if (config.max_generations and generation >= config.max_generations) or (
         config.max_env_steps and env_steps >= config.max_env_steps
     ):
         return Outcome(exitcodes.SUCCESS, generation, "the checkpoint already met the criteria")
     flags = flags or StopFlags()
-    exporter = None
+    exporters = []
     if checkpoint_dir and jax.process_index() == 0:
-        exporter = _policy_exporter(config, workflow, checkpoint_dir)
+        exporters = [
+            _policy_exporter(config, workflow, checkpoint_dir, i) for i in range(config.seeds)
+        ]
     loop = _Generations(
-        config, metrics, checkpointer, status_reporter, flags, env_steps, exporter, record
+        config,
+        metrics,
+        checkpointer,
+        status_reporter,
+        flags,
+        env_steps,
+        SeedProgress(config.seed, config.seeds),
+        exporters,
+        record,
     )
     flags.during_generation = loop.exit_now_if_saved
     try:
@@ -360,8 +395,12 @@ def _stored_programs(workflow, fns, state, stop_at, config: RunConfig, checkpoin
     )
 
 
-def _policy_exporter(config: RunConfig, workflow, checkpoint_dir: str) -> PolicyExporter:
-    """Process 0's exporter of evaluated policies to `<checkpoint dir>/policies`."""
+def _policy_exporter(
+    config: RunConfig, workflow, checkpoint_dir: str, replica: int
+) -> PolicyExporter:
+    """Process 0's exporter of replica `replica`'s evaluated policies: to `<checkpoint
+    dir>/policies` for replica 0 (the one-seed run's place), `policies/seed-<i>` for the
+    others."""
     env = workflow.env
     run = config.workflow
     # The Brax pipeline the env really runs (one the spec left to the platform's default
@@ -373,11 +412,12 @@ def _policy_exporter(config: RunConfig, workflow, checkpoint_dir: str) -> Policy
         "environment": to_environment_spec(played),
         "evaluationEpisodes": run.env.eval_episodes,
         "network": network_config(actor_network(run, env.obs_dim, env.action_dim)),
-        "seed": config.seed,
+        "seed": replica_seed(config.seed, replica),
         "evokubeVersion": __version__,
     }
+    folder = "" if replica == 0 else f"/seed-{replica}"
     return PolicyExporter(
-        root=checkpoint_dir.rstrip("/") + "/" + POLICIES_SUBDIR,
+        root=checkpoint_dir.rstrip("/") + "/" + POLICIES_SUBDIR + folder,
         keep=config.checkpoint_keep,
         unflatten=workflow.rollout.unflatten,
         metadata=metadata,
@@ -400,7 +440,7 @@ def _restore_template(workflow, layout):
     return jax.tree.map(
         lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
         abstract,
-        layout.state_shardings(abstract),
+        workflow.state_shardings(),
     )
 
 

@@ -46,11 +46,15 @@ from evokube_trainer.workflows._spec import (
 from evokube_trainer.workflows._workflow import (
     CHUNK_CAPACITY,
     PARTS,
+    SEED_METRICS,
     JittedWorkflow,
     StopAt,
     Workflow,
     WorkflowState,
     jit_workflow,
+    replica_seed,
+    replica_values,
+    seed_metrics,
 )
 
 __all__ = [
@@ -59,6 +63,7 @@ __all__ = [
     "OPTIMIZERS",
     "PARTS",
     "PBT_HYPERPARAMETERS",
+    "SEED_METRICS",
     "CEMRLConfig",
     "DeviceLayout",
     "ECConfig",
@@ -88,6 +93,9 @@ __all__ = [
     "make_optimizer",
     "make_workflow",
     "random_transitions",
+    "replica_seed",
+    "replica_values",
+    "seed_metrics",
     "slice_index",
     "to_env_config",
     "to_environment_spec",

@@ -67,8 +67,11 @@ def actor_network(config: WorkflowConfig, obs_dim: int, action_dim: int) -> Acto
     return agent.actor_network
 
 
-def make_workflow(config: WorkflowConfig, layout: DeviceLayout | None = None) -> Workflow:
-    """Builds the static workflow for `config`. Envs are created here (Brax: seconds each).
+def make_workflow(
+    config: WorkflowConfig, layout: DeviceLayout | None = None, seeds: int = 1
+) -> Workflow:
+    """Builds the static workflow for `config`, training `seeds` independent replicas as one
+    computation (`Workflow.seeds`). Envs are created here (Brax: seconds each).
 
     With a `layout` over several devices, the replay capacity is rounded up to a multiple of
     the device count so that every device holds an equal shard.
@@ -109,6 +112,7 @@ def make_workflow(config: WorkflowConfig, layout: DeviceLayout | None = None) ->
         fitness_reduction=config.fitness_reduction,
         layout=layout,
         normalize_observations=env_config.normalize_observations,
+        seeds=seeds,
     )
     if agent is None:
         return Workflow(**common)

@@ -17,7 +17,10 @@ where its arrays live, and XLA's partitioner inserts the collectives:
 * PBT's members (`PBTState`: agents and hyperparameters, all `[K, ...]`) are
   split along K, so each device trains its share of the members;
 * everything else in the state (search distribution, networks, optimizer
-  states, counters) is replicated.
+  states, counters) is replicated;
+* with several seeds (`Workflow.seeds`), the replicas' axis leads every array of
+  the state and is not split: each device holds every replica's share, so the
+  splits above apply to the axis after it.
 
 With one device nothing is constrained and the layout is a no-op.
 """
@@ -84,16 +87,19 @@ class DeviceLayout:
         """Constrain a per-member array `[N, ...]` to be split along N."""
         return jax.lax.with_sharding_constraint(x, self.split)
 
-    def state_shardings(self, abstract_state: Any) -> Any:
+    def state_shardings(self, abstract_state: Any, replicas: bool = False) -> Any:
         """Shardings for a WorkflowState: replay data split by capacity, PBT's members by
-        member, the rest replicated."""
+        member, the rest replicated. `replicas`: every array leads with the seeds' axis
+        (`Workflow.seeds` > 1), which stays whole."""
+        split = NamedSharding(self.mesh, PartitionSpec(None, (SLICE_AXIS, AXIS)))
+        split = split if replicas else self.split
         shardings = jax.tree.map(lambda _: self.replicated, abstract_state)
         if isinstance(getattr(abstract_state, "learner", None), PBTState):
-            learner = jax.tree.map(lambda _: self.split, abstract_state.learner)
+            learner = jax.tree.map(lambda _: split, abstract_state.learner)
             shardings = shardings.replace(learner=learner)
         if getattr(abstract_state, "replay", None) is None:
             return shardings
-        data = jax.tree.map(lambda _: self.split, abstract_state.replay.data)
+        data = jax.tree.map(lambda _: split, abstract_state.replay.data)
         return shardings.replace(replay=shardings.replay.replace(data=data))
 
     def put_replicated(self, value: np.ndarray) -> jax.Array:

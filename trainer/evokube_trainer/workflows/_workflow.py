@@ -28,6 +28,16 @@ the population's fitness rollouts acted on, pooled exactly over members, devices
 per-member stats are reduced over the population axis, which a `DeviceLayout` splits over the
 devices, so XLA all-reduces them and the result is replicated like the rest of the state. With
 a learner, the random warm-up's observations seed them (as in EvoRL's ERL).
+
+Seeds in one program (`seeds` > 1): `init`, `step`, `steps` and `evaluate` are `jax.vmap`s of
+one replica's functions over a leading seeds axis of the whole state (`# [seeds, ...]`), so
+each replica has its own population, replay buffer, optimizer states and key, and they all run
+as one computation. Replica i starts from `root_key(seed)[i]` = `PRNGKey(seed + i)` (the sum
+wrapped into 32 bits: `replica_seed`). With one
+seed nothing is vmapped and the state has no such axis: the program is the one-replica program.
+`steps` stops on the replicas' aggregate (the mean best fitness, the most env steps, any
+replica not finite) and `learn` reports the aggregate with each replica's values beside it
+(`seed_metrics`).
 """
 
 from __future__ import annotations
@@ -74,6 +84,8 @@ PARTS = ("ask", "rl_update", "rollout", "replay_add", "merge", "tell")
 # The most generations one call of `Workflow.steps` runs (`jit_workflow` compiles for it; its
 # metrics rows are this long).
 CHUNK_CAPACITY = 64
+# The metrics `learn` reports per replica too, as `seed/<i>/<name>`, when there are several.
+SEED_METRICS = ("ec/fitness_max", "ec/fitness_mean", "eval/return_mean", "env_steps")
 
 
 @struct.dataclass
@@ -125,6 +137,7 @@ class Workflow:
       layout: how the generation spreads over devices (`DeviceLayout`); None: one device.
       normalize_observations: policies and learners see observations normalized with the
         running statistics in `WorkflowState.obs_stats` (see the module docstring).
+      seeds: independent replicas trained as one computation (see the module docstring).
     """
 
     optimizer: EvoOptimizer | None
@@ -139,6 +152,7 @@ class Workflow:
     fitness_reduction: str = "mean"
     layout: DeviceLayout | None = None
     normalize_observations: bool = False
+    seeds: int = 1
 
     def __post_init__(self):
         if (self.learner is None) != (self.buffer is None):
@@ -156,11 +170,29 @@ class Workflow:
         key = jax.ShapeDtypeStruct((2,), jnp.uint32)
         return jax.eval_shape(lambda k: self.flatten(self.init_params(k)), key).shape[0]
 
+    def _replicas(self, fn: Callable) -> Callable:
+        """`fn` of one replica, over the seeds axis when there are several."""
+        return fn if self.seeds == 1 else jax.vmap(fn)
+
     # ---- state ---------------------------------------------------------------------------------
 
+    def root_key(self, seed: int) -> Array:
+        """`init`'s key for root seed `seed`: `PRNGKey(seed)` `[2]`, or with several seeds each
+        replica's `PRNGKey(replica_seed(seed, i))` `[seeds, 2]` (so replica 0 is the one-seed
+        run)."""
+        if self.seeds == 1:
+            return jax.random.PRNGKey(seed)
+        keys = [jax.random.PRNGKey(replica_seed(seed, i)) for i in range(self.seeds)]
+        return jnp.stack(keys)
+
     def init(self, key: Array, warm_up: bool = True) -> WorkflowState:
-        """The first state; with a learner, also fills the buffer with random transitions
-        (unless `warm_up` is False: the state is then shaped alike, the buffer empty)."""
+        """The first state of every replica from `root_key(seed)`; see `_init`."""
+        return self._replicas(functools.partial(self._init, warm_up=warm_up))(key)
+
+    def _init(self, key: Array, warm_up: bool = True) -> WorkflowState:
+        """One replica's first state; with a learner, also fills the buffer with random
+        transitions (unless `warm_up` is False: the state is then shaped alike, the buffer
+        empty)."""
         key, mean_key, ec_key, pop_key, learner_key, warmup_key = jax.random.split(key, 6)
         ec_state = None
         if self.optimizer is not None:
@@ -194,8 +226,12 @@ class Workflow:
         """The state's structure, shapes and dtypes (what a checkpoint restore needs), without
         tracing the warm-up's env steps, which fill values only: with Brax that trace took
         seconds of every restart."""
-        key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+        key = jax.ShapeDtypeStruct(self.root_key(0).shape, jnp.uint32)
         return jax.eval_shape(functools.partial(self.init, warm_up=False), key)
+
+    def state_shardings(self) -> Any:
+        """The state's shardings on the layout (`DeviceLayout.state_shardings`)."""
+        return self.layout.state_shardings(self.state_shapes(), replicas=self.seeds > 1)
 
     def _example_transition(self) -> Transition:
         obs = jnp.zeros((self.env.obs_dim,), jnp.float32)
@@ -212,8 +248,13 @@ class Workflow:
     # ---- one generation ------------------------------------------------------------------------
 
     def step(self, state: WorkflowState) -> tuple[WorkflowState, Metrics]:
-        """One generation; pure, so `jax.jit(workflow.step)` runs it as one computation. Its
-        parts run under the named scopes of `PARTS` (profiles attribute device time by them)."""
+        """One generation of every replica; pure, so `jax.jit(workflow.step)` runs it as one
+        computation. Metrics are `[seeds]` with several seeds."""
+        return self._replicas(self._step)(state)
+
+    def _step(self, state: WorkflowState) -> tuple[WorkflowState, Metrics]:
+        """One replica's generation. Its parts run under the named scopes of `PARTS` (profiles
+        attribute device time by them)."""
         key, ask_key, learn_key, rollout_key = jax.random.split(state.key, 4)
         with jax.named_scope("ask"):
             if self.optimizer is not None:
@@ -304,10 +345,12 @@ class Workflow:
         after a generation that reaches `stop_at` or whose mean fitness is not finite, exactly
         where a host checking every generation would stop.
 
-        Returns the last state, each generation's metrics stacked `[capacity]` (rows past the
-        executed ones are zero) and how many ran `[]`. Every generation runs through the same
-        loop body whatever `count` is, so how a run is cut into calls never changes its
-        numbers."""
+        Returns the last state, each generation's metrics stacked `[capacity]` (`[capacity,
+        seeds]` with several seeds; rows past the executed ones are zero) and how many ran
+        `[]`. With several seeds it stops on their aggregate: the mean best fitness, the most
+        env steps of any replica, or any replica's mean fitness not finite. Every generation
+        runs through the same loop body whatever `count` is, so how a run is cut into calls
+        never changes its numbers."""
         _, shapes = jax.eval_shape(self.step, state)
         rows = jax.tree.map(lambda s: jnp.zeros((capacity, *s.shape), s.dtype), shapes)
 
@@ -320,9 +363,9 @@ class Workflow:
             state, metrics = self.step(state)
             rows = jax.tree.map(lambda row, value: row.at[done].set(value), rows, metrics)
             stopped = (
-                (metrics["env_steps"] >= stop_at.env_steps)
-                | (metrics["ec/fitness_max"] >= stop_at.fitness)
-                | ~jnp.isfinite(metrics["ec/fitness_mean"])
+                (jnp.max(metrics["env_steps"]) >= stop_at.env_steps)
+                | (jnp.mean(metrics["ec/fitness_max"]) >= stop_at.fitness)
+                | ~jnp.all(jnp.isfinite(metrics["ec/fitness_mean"]))
             )
             return done + 1, state, rows, stopped
 
@@ -342,11 +385,17 @@ class Workflow:
     # ---- evaluation ----------------------------------------------------------------------------
 
     def candidates(self, state: WorkflowState) -> Array:
-        """The policies worth deploying `[C, D]`: the optimizer's `best` (mean or elite) first,
-        then the learner's own actors (ERL's K agents; CEM-RL's trained actors are members
-        already). An ERL distribution's mean blends the injected agents with members of other
-        lineages, so its agents may well be the better policy: evaluation decides. Without an
-        optimizer (PBT), the learner's actors alone (`eval/candidate` k: member k)."""
+        """Every replica's candidates (`_candidates`): `[C, D]`, with several seeds
+        `[seeds, C, D]`."""
+        return self._replicas(self._candidates)(state)
+
+    def _candidates(self, state: WorkflowState) -> Array:
+        """One replica's policies worth deploying `[C, D]`: the optimizer's `best` (mean or
+        elite) first, then the learner's own actors (ERL's K agents; CEM-RL's trained actors
+        are members already). An ERL distribution's mean blends the injected agents with
+        members of other lineages, so its agents may well be the better policy: evaluation
+        decides. Without an optimizer (PBT), the learner's actors alone (`eval/candidate` k:
+        member k)."""
         best = [] if self.optimizer is None else [self.optimizer.best(state.ec)[None]]  # [1, D]
         if self.learner is None:
             return best[0]
@@ -354,11 +403,16 @@ class Workflow:
         return jnp.concatenate([*best, actors])
 
     def evaluate(self, state: WorkflowState) -> tuple[Metrics, Array]:
-        """Returns of the best candidate policy (`candidates`), acting deterministically, over
-        the evaluator's episodes, and that candidate `[D]` (what a policy export holds);
-        `eval/candidate` says which (0: the optimizer's best, k: the learner's k-th actor).
-        The key is derived from the state's, which is left unchanged."""
-        params = self.candidates(state)  # [C, D]
+        """Every replica's `_evaluate`: metrics `[seeds]` and policies `[seeds, D]` with
+        several seeds."""
+        return self._replicas(self._evaluate)(state)
+
+    def _evaluate(self, state: WorkflowState) -> tuple[Metrics, Array]:
+        """Returns of one replica's best candidate policy (`_candidates`), acting
+        deterministically, over the evaluator's episodes, and that candidate `[D]` (what a
+        policy export holds); `eval/candidate` says which (0: the optimizer's best, k: the
+        learner's k-th actor). The key is derived from the state's, which is left unchanged."""
+        params = self._candidates(state)  # [C, D]
         key = jax.random.fold_in(state.key, 0x5EED)
         result = self.evaluator.run(params, None, key, obs_stats=state.obs_stats)
         pick = jnp.argmax(jnp.mean(result.episode_returns, axis=1))
@@ -399,18 +453,19 @@ class Workflow:
         Host side, per chunk: fetch every generation's metrics, then for each generation add
         timing metrics (the chunk's time shared out) and write every recorder; after the last
         one, evaluate the deployable policy when due (every `eval_every` generations; 0:
-        never) and pass the evaluated candidate `[D]` (on the device, replicated) to
-        `on_evaluation(state, policy, metrics)` (the policy export hook), then call
-        `on_generation(state, metrics)` (the checkpoint hook) and `stop(metrics)` with the
-        last generation's metrics. Pass `jitted` to reuse compiled functions across calls;
+        never) and pass the evaluated candidate `[D]` (`[seeds, D]`; on the device,
+        replicated) to `on_evaluation(state, policy, metrics)` (the policy export hook), then
+        call `on_generation(state, metrics)` (the checkpoint hook) and `stop(metrics)` with
+        the last generation's metrics. Pass `jitted` to reuse compiled functions across calls;
         recorders are not closed here. Timing metrics of the first generation include
-        compilation unless `jitted` has already run this workflow.
+        compilation unless `jitted` has already run this workflow. With several seeds the
+        metrics are `seed_metrics`' and `time/env_steps_per_s` counts every replica's steps.
         """
         fns = jitted if jitted is not None else jit_workflow(self)
         recorders = tuple(recorders)
         stop_at = stop_at if stop_at is not None else StopAt.of()
-        generation = int(jax.device_get(state.generation))
-        env_steps = int(jax.device_get(state.env_steps))
+        generation = int(np.max(jax.device_get(state.generation)))
+        env_steps = int(np.sum(jax.device_get(state.env_steps)))  # every replica's
         count = 1
         while True:
             if eval_every:
@@ -420,19 +475,19 @@ class Workflow:
             rows, done = jax.device_get((rows, done))  # waits for the chunk to finish
             step_seconds = (time.perf_counter() - start) / int(done)
             for row in range(int(done)):
-                metrics = {name: _scalar(values[row]) for name, values in rows.items()}
+                values = {name: column[row] for name, column in rows.items()}
+                metrics = seed_metrics(values, self.seeds)
                 generation = int(metrics["generation"])
                 if row == done - 1 and eval_every and generation % eval_every == 0:
                     eval_metrics, policy = fns.evaluate(state)
-                    metrics.update(_to_host(eval_metrics))
+                    metrics.update(seed_metrics(jax.device_get(eval_metrics), self.seeds))
                     if on_evaluation is not None:
                         on_evaluation(state, policy, metrics)
                 metrics["time/step_s"] = step_seconds
                 metrics["time/generations_per_s"] = 1.0 / max(step_seconds, 1e-9)
-                metrics["time/env_steps_per_s"] = (metrics["env_steps"] - env_steps) / max(
-                    step_seconds, 1e-9
-                )
-                env_steps = metrics["env_steps"]
+                total = int(np.sum(values["env_steps"]))  # the whole program's throughput
+                metrics["time/env_steps_per_s"] = (total - env_steps) / max(step_seconds, 1e-9)
+                env_steps = total
                 for recorder in recorders:
                     recorder.write(generation, metrics)
             if on_generation is not None:
@@ -477,7 +532,7 @@ def jit_workflow(workflow: Workflow, *, donate: bool = False) -> JittedWorkflow:
             evaluate=jax.jit(workflow.evaluate),
             steps=jax.jit(steps, donate_argnums=donated),
         )
-    states = layout.state_shardings(workflow.state_shapes())
+    states = workflow.state_shardings()
     init = jax.jit(workflow.init, in_shardings=layout.replicated, out_shardings=states)
     return JittedWorkflow(
         init=lambda key: init(layout.put_replicated(np.asarray(key))),
@@ -499,6 +554,19 @@ def jit_workflow(workflow: Workflow, *, donate: bool = False) -> JittedWorkflow:
     )
 
 
+def replica_seed(seed: int, replica: int) -> int:
+    """Replica `replica`'s root seed: `seed + replica`, wrapped into the 32 bits a JAX key keeps
+    (spec.seed may be 2^32-1)."""
+    return (seed + replica) % 2**32
+
+
+def replica_values(metrics: Mapping[str, float], name: str, seeds: int) -> list[float | None]:
+    """Each replica's value of `name` in `seed_metrics`' host metrics (None where absent)."""
+    if seeds == 1:
+        return [metrics.get(name)]
+    return [metrics.get(f"seed/{i}/{name}") for i in range(seeds)]
+
+
 def _obs_stats_metrics(stats: RunningStats) -> Metrics:
     std = jnp.sqrt(stats.var)
     return {
@@ -509,9 +577,21 @@ def _obs_stats_metrics(stats: RunningStats) -> Metrics:
     }
 
 
-def _to_host(metrics: Mapping[str, Array]) -> dict[str, float]:
-    host = jax.device_get(dict(metrics))
-    return {name: _scalar(value) for name, value in host.items()}
+def seed_metrics(values: Mapping[str, Any], seeds: int) -> dict[str, float]:
+    """Host metrics of one generation from its device values. One seed: the scalars as they
+    are. Several: each `[seeds]` value becomes the replicas' mean (`generation` and
+    `env_steps`: the most, an integer), and each of `SEED_METRICS` is also given per replica,
+    as `seed/<i>/<name>`."""
+    if seeds == 1:
+        return {name: _scalar(value) for name, value in values.items()}
+    metrics: dict[str, float] = {}
+    for name, value in values.items():
+        value = np.asarray(value)
+        most = name in ("generation", "env_steps")
+        metrics[name] = int(np.max(value)) if most else float(np.mean(value))
+        if name in SEED_METRICS:
+            metrics.update({f"seed/{i}/{name}": _scalar(v) for i, v in enumerate(value)})
+    return metrics
 
 
 def _scalar(value: Any) -> float:
