@@ -66,4 +66,4 @@ def test_seeds_bench_measures_several_seeds_against_one():
     assert [row[1] for row in cells] == ["1", "2"]
     assert cells[0][5] == "1.00" and float(cells[1][5]) > 0
     state = [float(row[6].replace(",", "")) for row in cells]  # KiB
-    assert state[1] == pytest.approx(2 * state[0], rel=0.01) and float(cells[1][7]) > 0
+    assert state[1] == pytest.approx(2 * state[0], abs=0.1) and float(cells[1][7]) > 0

@@ -1,12 +1,14 @@
 """spec.seeds in real runs (`evokube run`, the pods' entry point): replicas over two hosts of
 two devices each, their values in history.jsonl, one exported policy folder per replica, and a
-resume that restores every replica exactly; and the status entries `SeedProgress` writes."""
+resume that restores every replica exactly; and the status entries `SeedProgress` writes and
+the Prometheus families of each replica."""
 
 import math
 
 import pytest
 
 from evokube_trainer.policies import read_policy
+from evokube_trainer.runtime.metrics import TrainerMetrics
 from evokube_trainer.runtime.status import SeedProgress
 from tests.runtime.test_multihost import CEMRL, experiment, finish, history, start_run
 
@@ -90,3 +92,25 @@ def test_seed_progress_keeps_the_best_so_far_and_the_newest_evaluation():
     one = SeedProgress(root_seed=3, seeds=1)
     one.update({"ec/fitness_max": -1.5, "eval/return_mean": -2.0})
     assert one.entries() == [{"seed": 3, "bestFitness": -1.5, "fitness": -1.5, "evalReturn": -2.0}]
+
+
+def test_prometheus_has_each_replica_and_the_interval_of_their_mean():
+    metrics = TrainerMetrics("exp", "ns", 0)
+    metrics.record_seeds(
+        [
+            {"seed": 7, "bestFitness": -1.0, "fitness": -2.0, "evalReturn": -3.0},
+            {"seed": 8, "bestFitness": -4.0, "fitness": -4.0},
+        ]
+    )
+    base = {"experiment": "exp", "namespace": "ns", "process": "0"}
+
+    def sample(name, **labels):
+        return metrics.registry.get_sample_value(name, {**base, **labels})
+
+    assert sample("evokube_seed_fitness", seed="7", stat="best") == -2.0
+    assert sample("evokube_seed_fitness", seed="8", stat="best_so_far") == -4.0
+    assert sample("evokube_seed_eval_return", seed="7") == -3.0
+    assert sample("evokube_seed_eval_return", seed="8") is None
+    # t(0.975, 1) = 12.706 times the standard error 1 of -2 and -4; no interval of one return.
+    assert sample("evokube_seeds_interval", metric="fitness") == pytest.approx(12.706, rel=1e-4)
+    assert sample("evokube_seeds_interval", metric="eval_return") is None
