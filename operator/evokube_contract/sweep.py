@@ -194,9 +194,9 @@ _Z975: Final = 1.959963984540054
 class SweepError(ValueError):
     """A sweep that cannot expand; `field` is the path of the field at fault."""
 
-    def __init__(self, field: str, message: str):
-        self.field = field
-        super().__init__(f"{field}: {message}")
+    def __init__(self, field: str, reason: str):
+        self.field, self.reason = field, reason
+        super().__init__(f"{field}: {reason}")
 
 
 def t975(df: int) -> float:
