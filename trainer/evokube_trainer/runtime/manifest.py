@@ -294,7 +294,10 @@ def _rules(value: Any, schema: dict, path: list) -> Iterator[tuple[list, dict, A
 
 def _cel_errors(manifest: dict, crd_file: str) -> list[FieldError]:
     errors = []
-    for path, rule, value in _rules(manifest, crd_schema(crd_file), []):
+    schema = crd_schema(crd_file)
+    # The API server's CEL sees a number field's 1 as the double 1.0 (`low > 0.0` holds).
+    doubled = _numbers_as(copy.deepcopy(manifest), schema, "number", float)
+    for path, rule, value in _rules(doubled, schema, []):
         if "oldSelf" in rule["rule"]:
             continue  # transition rules only apply to updates
         try:
@@ -340,18 +343,23 @@ def _drop_nulls(value: Any) -> Any:
     return value
 
 
-def _integral(value: Any, schema: dict) -> Any:
-    """Integer fields as ints (the trainer counts with them): 8.0 becomes 8."""
-    if isinstance(value, float) and schema.get("type") == "integer":
-        return int(value)
+def _numbers_as(value: Any, schema: dict, kind: str, convert: type) -> Any:
+    """`value` with the numbers of its `kind` ("integer", "number") fields converted."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return convert(value) if schema.get("type") == kind else value
     if isinstance(value, dict):
         properties, extra = schema.get("properties", {}), schema.get("additionalProperties")
         for name, item in value.items():
             sub = properties.get(name, extra if isinstance(extra, dict) else {})
-            value[name] = _integral(item, sub)
+            value[name] = _numbers_as(item, sub, kind, convert)
     elif isinstance(value, list):
-        value[:] = [_integral(v, schema.get("items", {})) for v in value]
+        value[:] = [_numbers_as(v, schema.get("items", {}), kind, convert) for v in value]
     return value
+
+
+def _integral(value: Any, schema: dict) -> Any:
+    """Integer fields as ints (the trainer counts with them): 8.0 becomes 8."""
+    return _numbers_as(value, schema, "integer", int)
 
 
 # ObjectMeta's own rules, which the API server checks before the CRD's.
