@@ -193,6 +193,9 @@ def run_sweep(
         file=out,
         flush=True,
     )
+    for child in runs:
+        if child.phase() is not None:
+            print(f"[skip]  {child.name}: {child.phase()} earlier", file=out, flush=True)
     running: dict[int, tuple[Child, subprocess.Popen, float]] = {}
     interrupted = False
     try:
