@@ -10,6 +10,7 @@ per-seed shape of status.progress.seeds), so it reads as the operator's status d
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib.util
 import json
@@ -154,7 +155,7 @@ class Child:
 def _start(child: Child, index: int, parallel: int) -> subprocess.Popen:
     """`evokube run` of the child in a session of its own (the terminal's Ctrl-C reaches only
     this process, which passes it on once); beside others, its output goes to a log file."""
-    manifest_doc = json.loads(json.dumps(child.manifest))
+    manifest_doc = copy.deepcopy(child.manifest)
     if parallel > 1:
         manifest_doc["spec"]["metricsPort"] += PORT_STRIDE * index
     folders.prepare(child.folder)
