@@ -30,6 +30,7 @@ from evokube_contract.sweep import (
     SweepError,
     child_manifest,
     expand,
+    interval,
     summarize,
 )
 from evokube_trainer.laptop.curves import plot_curves, read_history
@@ -171,8 +172,10 @@ def _start(child: Child, index: int, parallel: int) -> subprocess.Popen:
 
 
 def _figures(seeds: list[dict]) -> str:
-    best = [s["bestFitness"] for s in seeds]
-    return f"best {max(best):.2f}" if best else "no generation yet"
+    if not seeds:
+        return "no generation yet"
+    best = interval([s["bestFitness"] for s in seeds])
+    return f"best {best['mean']:.2f} ± {best['interval']:.2f} over {best['n']} seed(s)"
 
 
 def run_sweep(
