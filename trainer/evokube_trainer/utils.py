@@ -3,12 +3,13 @@ with its 95% interval over replicas (seeds) that status, metrics and curves repo
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Literal
 
 import jax
 import jax.numpy as jnp
+
+from evokube_contract.sweep import interval
 
 __all__ = [
     "episode_returns_to_fitness",
@@ -65,14 +66,9 @@ def episode_returns_to_fitness(
     return jnp.where(any_valid, out, empty_value)
 
 
-def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
-    """The mean of `values` (one per replica) and the half-width of its `confidence` interval,
-    Student-t with n - 1 degrees of freedom (0 for one value)."""
-    n = len(values)
-    mean = math.fsum(values) / n
-    if n == 1:
-        return mean, 0.0
-    from scipy.stats import t  # host only; scipy is jax's own dependency
-
-    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, float(t.ppf(0.5 + confidence / 2, n - 1)) * std / math.sqrt(n)
+def mean_interval(values: Sequence[float]) -> tuple[float, float]:
+    """The mean of `values` (one per replica) and the half-width of its 95% interval,
+    Student-t with n - 1 degrees of freedom (0 for one value): the sweep summary's own
+    (`evokube_contract.sweep.interval`), so a run's band and its sweep's table agree."""
+    summary = interval(list(values))
+    return summary["mean"], summary["interval"]

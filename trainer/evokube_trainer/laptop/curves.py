@@ -73,12 +73,7 @@ def _points(rows: list[dict], key: str) -> list[tuple[int, float]]:
 def plot_learning_curve(rows: list[dict], title: str, png_path: Path) -> Path:
     """Best and mean fitness and the evaluation return against the generation, 800x450 px;
     with several seeds, each replica's line and their mean with a 95% band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    fig, ax = _axes()
     seeds = seed_count(rows)
     for index, (key, label) in enumerate(CURVES):
         color = f"C{index}"
@@ -98,8 +93,34 @@ def plot_learning_curve(rows: list[dict], title: str, png_path: Path) -> Path:
             highs = [m + h for m, h in zip(means, halves, strict=True)]
             ax.fill_between(generations, lows, highs, color=color, alpha=0.2)
             ax.plot(generations, means, color=color, label=f"{label} (mean of {seeds} seeds)")
+    return _save(fig, ax, "return", title, png_path)
+
+
+def plot_curves(runs: dict[str, list[dict]], key: str, title: str, png_path: Path) -> Path:
+    """One metric of several runs (label -> history rows) against the generation: a sweep's
+    children in one figure."""
+    fig, ax = _axes()
+    for label, rows in runs.items():
+        points = _points(rows, key)
+        if points:
+            ax.plot(*zip(*points, strict=True), label=label)
+    return _save(fig, ax, key, title, png_path)
+
+
+def _axes():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(8, 4.5), dpi=100)
+
+
+def _save(fig, ax, ylabel: str, title: str, png_path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
     ax.set_xlabel("generation")
-    ax.set_ylabel("return")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
