@@ -90,20 +90,22 @@ def other_namespace(cluster, api) -> str:
 
 @pytest.fixture(scope="session")
 def crd(cluster):
-    """The ERLExperiment CRD from crds/, installed once and Established."""
+    """The CRDs of crds/ (ERLExperiment, ERLSweep), installed once and Established; returns
+    the ERLExperiment CRD's name."""
     crds = Path(__file__).resolve().parents[1] / "crds"
     # Server-side apply: the CRD is too large for client-side apply's annotation.
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
-    name = "erlexperiments.evokube.io"
 
-    def established() -> bool:
+    def established(name: str) -> bool:
         # Not `kubectl wait`: it fails at once while a new CRD has no status.conditions yet.
         crd = json.loads(cluster.kubectl("get", "crd", name, "-o", "json").stdout)
         conditions = (crd.get("status") or {}).get("conditions") or []
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
-    wait_until(established, 60, f"CRD {name} Established")
-    return name
+    for path in sorted(crds.glob("*.yaml")):
+        name = path.name.removesuffix(".yaml")
+        wait_until(lambda n=name: established(n), 60, f"CRD {name} Established")
+    return "erlexperiments.evokube.io"
 
 
 # -- the operator: one process for the session, shared by every package ----------------------

@@ -12,7 +12,10 @@ optimizers (`workflows.KINDS`, `workflows.OPTIMIZERS`). Written from them:
   `spec rules` (an even population.size for mirrored sampling; RL learners only on continuous
   actions) and `algorithm rules` (who needs or may set spec.algorithm.rl and rl.numAgents, and
   which algorithms each spec.algorithm.ec field, ec.distribution and each kind's own section
-  mean something to; everything else is refused naming the field).
+  mean something to; everything else is refused naming the field);
+- the region `experiment paths` of the ERLSweep CRD (both copies; spec.parameters[*].path's
+  enum) and of `evokube_contract/sweep.py` (EXPERIMENT_PATHS): the ERLExperiment spec's fields,
+  from the CRD just written, that a sweep's parameters may set.
 
 tests/trainer/test_catalog.py and tests/runtime/test_algorithms.py fail, naming this command,
 when a committed file differs. From a source checkout, with `PYTHONPATH=operator:trainer`::
@@ -49,6 +52,10 @@ ENV_NAME_DESCRIPTION = (
     "why, are listed in docs/trainer-design.md). Algorithms with RL learners (algorithm.rl) "
     "need continuous actions."
 )
+# The ERLSweep CRD's copies and the sweep contract: the ERLExperiment spec's fields a parameter
+# may set (region `experiment paths`), from the ERLExperiment CRD.
+SWEEP_CRD_FILES = ("crds/erlsweeps.evokube.io.yaml", "helm/evokube/crds/erlsweeps.evokube.io.yaml")
+SWEEP_CONTRACT = "operator/evokube_contract/sweep.py"
 WIDTH = 100  # generated lines are wrapped here where YAML allows
 
 
@@ -323,19 +330,63 @@ def _region(name: str) -> re.Pattern:
     return re.compile(rf"(?ms)^(?P<indent> *)# generated: {name}\n.*?^(?P=indent)# end: {name}\n")
 
 
+def _rewrite(text: str, name: str, render: Callable[[str], list[str]]) -> str:
+    """`text` with its one region `name` rewritten by `render` (indent -> lines)."""
+    matches = list(_region(name).finditer(text))
+    if len(matches) != 1:
+        found = len(matches)
+        raise ValueError(f"expected one region '# generated: {name}', found {found}")
+    match, indent = matches[0], matches[0]["indent"]
+    lines = [f"{indent}# generated: {name}", *render(indent), f"{indent}# end: {name}"]
+    return text[: match.start()] + "\n".join(lines) + "\n" + text[match.end() :]
+
+
 def render_crd(
     text: str, catalog: Catalog, algorithms: Mapping[str, Algorithm] = ALGORITHMS
 ) -> str:
     """`text` (a CRD file) with every generated region rewritten; everything else untouched."""
     for name, render in regions(catalog, algorithms).items():
-        matches = list(_region(name).finditer(text))
-        if len(matches) != 1:
-            found = len(matches)
-            raise ValueError(f"expected one region '# generated: {name}' in the CRD, found {found}")
-        match, indent = matches[0], matches[0]["indent"]
-        lines = [f"{indent}# generated: {name}", *render(indent), f"{indent}# end: {name}"]
-        text = text[: match.start()] + "\n".join(lines) + "\n" + text[match.end() :]
+        text = _rewrite(text, name, render)
     return text
+
+
+def experiment_paths(schema: dict, prefix: str = "spec") -> list[str]:
+    """Every field under `schema` (an ERLExperiment's spec) reached through properties alone,
+    in the schema's order: what a sweep parameter may set (a list or a map is set whole)."""
+    paths = []
+    for name, sub in schema.get("properties", {}).items():
+        paths += [f"{prefix}.{name}", *experiment_paths(sub, f"{prefix}.{name}")]
+    return paths
+
+
+PATH_DESCRIPTION = (
+    "The ERLExperiment field the parameter sets: any field of its spec reached through objects "
+    f"alone (a list or a map is set whole; generated from the ERLExperiment CRD by {COMMAND})."
+)
+
+
+def sweep_paths(crd_text: str) -> list[str]:
+    """EXPERIMENT_PATHS of the ERLExperiment CRD `crd_text`."""
+    (version,) = [v for v in yaml.safe_load(crd_text)["spec"]["versions"] if v.get("storage")]
+    return experiment_paths(version["schema"]["openAPIV3Schema"]["properties"]["spec"])
+
+
+def render_sweep_crd(text: str, paths: list[str]) -> str:
+    """`text` (the ERLSweep CRD) with spec.parameters[*].path's enum set to `paths`."""
+    return _rewrite(text, "experiment paths", lambda i: _enum(paths, PATH_DESCRIPTION, i))
+
+
+def render_sweep_contract(text: str, paths: list[str]) -> str:
+    """`text` (evokube_contract/sweep.py) with EXPERIMENT_PATHS set to `paths`."""
+
+    def lines(indent: str) -> list[str]:
+        return [
+            f"{indent}EXPERIMENT_PATHS: Final = (",
+            *(f'{indent}    "{path}",' for path in paths),
+            f"{indent})",
+        ]
+
+    return _rewrite(text, "experiment paths", lines)
 
 
 def repo_root() -> Path:
@@ -351,6 +402,12 @@ def outputs(catalog: Catalog, algorithms: Mapping[str, Algorithm] = ALGORITHMS) 
         if not path.exists():
             raise FileNotFoundError(f"{path} not found: run this from a source checkout")
         texts[path] = render_crd(path.read_text(), catalog, algorithms)
+    paths = sweep_paths(texts[repo_root() / CRD_FILES[0]])
+    for relative in SWEEP_CRD_FILES:
+        path = repo_root() / relative
+        texts[path] = render_sweep_crd(path.read_text(), paths)
+    contract = repo_root() / SWEEP_CONTRACT
+    texts[contract] = render_sweep_contract(contract.read_text(), paths)
     return texts
 
 
