@@ -9,7 +9,8 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from evokube_contract import sweep as contract
-from tests.operator.conftest import GROUP, PLURAL, VERSION, experiment_manifest
+from evokube_operator.kube import Kube
+from tests.operator.conftest import GROUP, PLURAL, REPO, VERSION, experiment_manifest
 
 pytestmark = pytest.mark.cluster
 
@@ -198,3 +199,24 @@ def test_a_namesake_blocks_the_sweep_and_is_left_alone(k8s, namespace):
     assert "ownerReferences" not in k8s.experiment(namespace, "taken-0")["metadata"]
     with pytest.raises(ApiException):
         k8s.experiment(namespace, "taken-1")
+
+
+def test_without_the_sweep_crd_the_operator_warns_once_and_runs_experiments(k8s, namespace):
+    """A cluster that installed only the ERLExperiment CRD; the session's CRD put back after."""
+    name = f"{contract.SWEEP_PLURAL}.{GROUP}"
+    sweeps = str(REPO / "crds" / f"{name}.yaml")
+    k8s.cluster.kubectl("delete", "crd", name, "--wait")
+    try:
+        k8s.wait(lambda: not Kube(k8s.api_client).serves(contract.SWEEP_KIND), "no ERLSweeps")
+        k8s.operator.stop()
+        k8s.operator.start()
+        k8s.apply(experiment_manifest("alone", namespace))
+        k8s.wait_phase(namespace, "alone", "Running")
+        log = k8s.operator.log_path.read_text()
+        assert log.count(f"{contract.SWEEP_PLURAL} is not served") == 1, log
+        assert k8s.operator.alive()
+    finally:
+        k8s.cluster.kubectl("apply", "--server-side", "-f", sweeps)
+        k8s.wait(lambda: Kube(k8s.api_client).serves(contract.SWEEP_KIND), "ERLSweeps", 60)
+        k8s.operator.stop()  # the later tests' operator watches sweeps again
+        k8s.operator.start()
