@@ -10,7 +10,14 @@ from kubernetes.client.exceptions import ApiException
 
 from evokube_contract import sweep as contract
 from evokube_operator.kube import Kube
-from tests.operator.conftest import GROUP, PLURAL, REPO, VERSION, experiment_manifest
+from tests.operator.conftest import (
+    GROUP,
+    PLURAL,
+    REPO,
+    VERSION,
+    experiment_manifest,
+    sweep_manifest,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -19,23 +26,13 @@ SIZES = [16, 32, 64]
 LEARNING_RATES = [0.01, 0.03]
 
 
-def grid_sweep(namespace: str, name: str = "grid", max_parallel: int = 2, **parameters) -> dict:
+def grid_sweep(namespace: str, name: str = "grid", max_parallel: int = 2, parameters=None):
     """A 3 x 2 grid (population size x learning rate), 3 seeds each."""
-    template = experiment_manifest("unused", namespace, seeds=SEEDS)["spec"]
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": contract.SWEEP_KIND,
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "template": {"metadata": {"labels": {"team": "a"}}, "spec": template},
-            "parameters": parameters.get("parameters")
-            or [
-                {"path": "spec.population.size", "values": SIZES},
-                {"path": "spec.algorithm.ec.learningRate", "values": LEARNING_RATES},
-            ],
-            "maxParallel": max_parallel,
-        },
-    }
+    grid = [
+        {"path": "spec.population.size", "values": SIZES},
+        {"path": "spec.algorithm.ec.learningRate", "values": LEARNING_RATES},
+    ]
+    return sweep_manifest(name, namespace, parameters or grid, max_parallel, seeds=SEEDS)
 
 
 def sweep_status(k8s, namespace, name="grid") -> dict:
@@ -65,19 +62,12 @@ def fitness(index: int, seed: int) -> float:
 
 
 def finish(k8s, namespace, child: dict) -> None:
-    """Play the child's trainer: per-seed outcome into status.progress, then exit 0."""
-    name = child["metadata"]["name"]
     index = int(child["metadata"]["labels"][contract.SWEEP_INDEX_LABEL])
     seeds = [
         {"seed": s, "bestFitness": fitness(index, s), "fitness": fitness(index, s) - 1}
         for s in range(SEEDS)
     ]
-    k8s.custom.patch_namespaced_custom_object_status(
-        GROUP, VERSION, namespace, PLURAL, name, {"status": {"progress": {"seeds": seeds}}}
-    )
-    job = k8s.status(namespace, name)["jobName"]
-    for pod in k8s.running_pods(namespace, name, job):
-        k8s.exit_pod(namespace, pod.metadata.name, 0)
+    k8s.succeed(namespace, child["metadata"]["name"], seeds)
 
 
 def moved(k8s, namespace, before: list[dict]) -> bool:
