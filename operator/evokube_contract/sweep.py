@@ -194,9 +194,9 @@ _Z975: Final = 1.959963984540054
 class SweepError(ValueError):
     """A sweep that cannot expand; `field` is the path of the field at fault."""
 
-    def __init__(self, field: str, message: str):
-        self.field = field
-        super().__init__(f"{field}: {message}")
+    def __init__(self, field: str, reason: str):
+        self.field, self.reason = field, reason
+        super().__init__(f"{field}: {reason}")
 
 
 def t975(df: int) -> float:
@@ -215,10 +215,10 @@ def t975(df: int) -> float:
 
 # -- expansion ----------------------------------------------------------------------------------
 def _check_path(path: Any, field: str, earlier: list[str]) -> None:
-    if not isinstance(path, str) or not path.startswith("spec."):
-        raise SweepError(field, f"{path!r} is not a field of an ERLExperiment's spec")
     if path not in EXPERIMENT_PATHS:
-        raise SweepError(field, f"{path} is not a field of an ERLExperiment's spec")
+        raise SweepError(
+            field, f"{path!r} is not a field of an ERLExperiment's spec (EXPERIMENT_PATHS)"
+        )
     for other in earlier:
         if path == other or path.startswith(f"{other}.") or other.startswith(f"{path}."):
             raise SweepError(field, f"{path} overlaps the parameter {other}")
@@ -263,7 +263,9 @@ def expand(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The children's assignments `{path: value}`, in order; SweepError names the field at
     fault."""
     parameters = spec.get("parameters") or []
-    axes, drawers, paths = [], [], []
+    axes: list[tuple[str, list]] = []
+    drawers: list[tuple[str, Any]] = []
+    paths: list[str] = []
     for i, parameter in enumerate(parameters):
         field = f"spec.parameters[{i}]"
         _check_path(parameter.get("path"), f"{field}.path", paths)
@@ -286,11 +288,10 @@ def expand(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     rng = random.Random(spec.get("seed", 0))
     draws = [{path: draw(rng) for path, draw in drawers} for _ in range(samples)]
     grid = itertools.product(*(values for _, values in axes))
-    order = {path: i for i, path in enumerate(paths)}
     children = []
     for point, drawn in itertools.product(grid, draws):
         values = {**dict(zip((path for path, _ in axes), point, strict=True)), **drawn}
-        children.append({p: copy.deepcopy(values[p]) for p in sorted(values, key=order.get)})
+        children.append({p: copy.deepcopy(values[p]) for p in paths})  # in parameter order
     return children
 
 

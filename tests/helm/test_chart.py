@@ -376,4 +376,5 @@ def test_the_crds_folder_is_what_helm_install_applies(cluster):
     """`helm show crds` prints exactly crds/ (Helm's own view of the chart)."""
     shown = helm(cluster, "show", "crds", str(CHART)).stdout
     expected = [yaml.safe_load(p.read_text()) for p in sorted((REPO / "crds").glob("*.yaml"))]
-    assert [d for d in yaml.safe_load_all(shown) if d] == expected
+    by_name = sorted(yaml.safe_load_all(shown), key=lambda crd: crd["metadata"]["name"])
+    assert by_name == sorted(expected, key=lambda crd: crd["metadata"]["name"])

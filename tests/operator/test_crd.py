@@ -44,6 +44,19 @@ def opted_in_namespace(cluster) -> None:
     )
 
 
+def refused_fields(err) -> set[str]:
+    """The field paths an API server's refusal (an ApiException) names."""
+    status = json.loads(err.body)
+    causes = (status.get("details") or {}).get("causes") or []
+    # A cause without a field ("<nil>") is the server's note that it skipped CEL rules, or a
+    # oneOf that failed, which names its field in the message.
+    fields = {c["field"] for c in causes if c.get("field") not in (None, "", "<nil>")}
+    message = status.get("message", "")
+    fields |= set(re.findall(r'unknown field "([^"]+)"', message))
+    fields |= set(re.findall(r'"([^"]+)" must validate one and only one schema', message))
+    return fields or {f"(unparsed) {message}"}
+
+
 @pytest.fixture(scope="module")
 def dry_run(cluster, crd):
     """Create an ERLExperiment with dryRun=All and strict field validation, as `kubectl apply`
@@ -66,12 +79,7 @@ def dry_run(cluster, crd):
                 field_validation="Strict",
             )
         except client.ApiException as err:
-            status = json.loads(err.body)
-            causes = (status.get("details") or {}).get("causes") or []
-            # A cause without a field ("<nil>") is the server's note that it skipped CEL rules.
-            fields = {c["field"] for c in causes if c.get("field") not in (None, "", "<nil>")}
-            fields |= set(re.findall(r'unknown field "([^"]+)"', status.get("message", "")))
-            return fields or {f"(unparsed) {status.get('message')}"}
+            return refused_fields(err)
         return set()
 
     yield create

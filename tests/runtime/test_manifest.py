@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from evokube_contract.sweep import SWEEP_KIND
 from evokube_trainer.envs import env_names, env_spec
 from evokube_trainer.laptop import cli
+from evokube_trainer.laptop.sweep import load_sweep
 from evokube_trainer.runtime import exitcodes, manifest
 from evokube_trainer.runtime.config import to_run_config
 from evokube_trainer.workflows import CEMRLConfig, ECConfig, ERLConfig
@@ -327,7 +329,11 @@ def test_the_trainer_exits_78_on_an_environment_it_cannot_use(tmp_path, env, sai
     ids=lambda p: p.name,
 )
 def test_every_example_experiment_is_valid_and_maps_to_a_run(path):
-    """The examples users copy first: admitted by the CRD's rules and runnable by the trainer."""
-    defaulted, errors = manifest.check(yaml.safe_load(path.read_text()))
-    assert errors == []
-    to_run_config(defaulted)
+    """The examples users copy first: admitted by the CRD's rules and runnable by the trainer
+    (a sweep's: each of its children)."""
+    doc = yaml.safe_load(path.read_text())
+    experiments = load_sweep(path)[1] if doc["kind"] == SWEEP_KIND else [doc]
+    for experiment in experiments:
+        defaulted, errors = manifest.check(experiment)
+        assert errors == []
+        to_run_config(defaulted)

@@ -1,8 +1,11 @@
 """The `evokube` command: check and run ERLExperiment manifests without a cluster.
 
 evokube validate FILE...             every error with its field path; exit 78 if any
+                                     (an ERLSweep: its own fields and every child's)
 evokube run FILE [--processes N] [--slices S]
                                      train here, N local processes wired like pods (S slices)
+evokube sweep FILE [--parallel K] [--out DIR]
+                                     an ERLSweep here: its children, K at a time; the summary
 evokube curve NAME|FOLDER|URL        the learning-curve PNG of any run's history.jsonl
 evokube eval POLICY [--episodes N]   a trained policy's mean and std return over N episodes
 evokube render POLICY -o FILE        one episode to watch: Brax HTML viewer, gymnax GIF/MP4
@@ -21,16 +24,23 @@ import evokube_contract as contract
 from evokube_trainer.runtime import exitcodes
 
 
-def _load(path: str):
-    """The defaulted manifest, or print every error and return None; never raises, since a
-    manifest file is untrusted input and a traceback is no answer."""
+def _experiment(path: str) -> dict:
+    from evokube_trainer.runtime import manifest
+
+    loaded = manifest.load(path)
+    from evokube_trainer.runtime.config import to_run_config  # imports JAX: valid files only
+
+    to_run_config(loaded)  # what the trainer itself would refuse
+    return loaded
+
+
+def _load(path: str, load=_experiment):
+    """What `load` makes of the file (the defaulted manifest), or print every error and return
+    None; never raises, since a manifest file is untrusted input and a traceback is no answer."""
     from evokube_trainer.runtime import manifest
 
     try:
-        loaded = manifest.load(path)
-        from evokube_trainer.runtime.config import to_run_config  # imports JAX: valid files only
-
-        to_run_config(loaded)  # what the trainer itself would refuse
+        loaded = load(path)
     except manifest.ManifestError as err:
         print(f"error: {err}", file=sys.stderr)
         return None
@@ -42,13 +52,34 @@ def _load(path: str):
 
 
 def validate(args: argparse.Namespace) -> int:
+    from evokube_contract.sweep import SWEEP_KIND
+    from evokube_trainer.laptop.sweep import kind_of, load_sweep
+
     ok = True
     for path in args.files:
-        if _load(path) is None:
-            ok = False
+        if kind_of(path) == SWEEP_KIND:
+            loaded = _load(path, load_sweep)
+            if loaded is not None:
+                print(f"{path}: valid, {len(loaded[1])} children")
         else:
-            print(f"{path}: valid")
+            loaded = _load(path)
+            if loaded is not None:
+                print(f"{path}: valid")
+        ok = ok and loaded is not None
     return exitcodes.SUCCESS if ok else exitcodes.PERMANENT
+
+
+def sweep(args: argparse.Namespace) -> int:
+    from evokube_trainer.laptop.sweep import load_sweep, run_sweep
+
+    if args.parallel < 1:
+        print("error: --parallel must be at least 1", file=sys.stderr)
+        return exitcodes.PERMANENT
+    loaded = _load(args.file, load_sweep)
+    if loaded is None:
+        return exitcodes.PERMANENT
+    sweep_doc, children = loaded
+    return run_sweep(sweep_doc, children, parallel=args.parallel, out_root=Path(args.out))
 
 
 def hosts_per_slice(accelerator: dict) -> int:
@@ -201,6 +232,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     train.add_argument("--runs-dir", default="runs", help="where runs/<name>/ goes")
     train.set_defaults(func=run)
+    many = commands.add_parser("sweep", help="run an ERLSweep's children on this machine")
+    many.add_argument("file")
+    many.add_argument(
+        "--parallel", type=int, default=1, help="children running at a time (default 1)"
+    )
+    many.add_argument(
+        "--out",
+        default="evokube-sweeps",
+        help="where <sweep>/<child>/ go (default evokube-sweeps); rerun to resume",
+    )
+    many.set_defaults(func=sweep)
     add_curve_command(commands)
     policy_help = "a policy folder, or a run folder / checkpoint location (its policies/best)"
     play = commands.add_parser("eval", help="a trained policy's return over fresh episodes")

@@ -46,18 +46,33 @@ def read_history(path: Path) -> list[dict]:
 
 def plot_learning_curve(rows: list[dict], title: str, png_path: Path) -> Path:
     """Best and mean fitness and the evaluation return against the generation, 800x450 px."""
+    series = {label: _points(rows, key) for key, label in CURVES}
+    return _plot(series, "return", title, png_path)
+
+
+def plot_curves(runs: dict[str, list[dict]], key: str, title: str, png_path: Path) -> Path:
+    """One metric of several runs (label -> history rows) against the generation: a sweep's
+    children in one figure."""
+    return _plot({label: _points(rows, key) for label, rows in runs.items()}, key, title, png_path)
+
+
+def _points(rows: list[dict], key: str) -> list[tuple[int, float]]:
+    return [(r["generation"], r[key]) for r in rows if isinstance(r.get(key), int | float)]
+
+
+def _plot(series: dict[str, list], ylabel: str, title: str, png_path: Path) -> Path:
+    """Each non-empty series (label -> (generation, value) points) as a line, 800x450 px."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-    for key, label in CURVES:
-        points = [(r["generation"], r[key]) for r in rows if isinstance(r.get(key), int | float)]
+    for label, points in series.items():
         if points:
             ax.plot(*zip(*points, strict=True), label=label)
     ax.set_xlabel("generation")
-    ax.set_ylabel("return")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()

@@ -1,4 +1,4 @@
-"""Read and check ERLExperiment manifests offline, against the CRD itself.
+"""Read and check ERLExperiment manifests (and ERLSweep ones) offline, against the CRD itself.
 
 The CRD in `crds/` is the one schema. This module reads it and applies what
 the API server would: defaults, the structural OpenAPI schema (with unknown
@@ -35,9 +35,10 @@ import jsonschema
 import yaml
 from celpy import celtypes
 
-from evokube_contract import API_VERSION, KIND
+from evokube_contract import API_VERSION
 
 CRD_FILE = "erlexperiments.evokube.io.yaml"
+SWEEP_CRD_FILE = "erlsweeps.evokube.io.yaml"  # an ERLSweep's own fields (laptop/sweep.py)
 MAX_FILE_BYTES = 1 << 20  # a manifest is a few KiB
 MAX_DEPTH = 32  # nesting of mappings and sequences; the deepest field (affinity) needs 11
 MAX_REPORTED = 50  # errors listed per file
@@ -71,20 +72,24 @@ def shorten(text: str, limit: int = MAX_SHOWN) -> str:
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
-def crd_path() -> Path:
-    """The CRD file: packaged with the wheel, or crds/ of a source checkout."""
-    packaged = Path(__file__).resolve().parents[1] / "crds" / CRD_FILE
+def crd_path(crd_file: str = CRD_FILE) -> Path:
+    """A CRD file: packaged with the wheel, or crds/ of a source checkout."""
+    packaged = Path(__file__).resolve().parents[1] / "crds" / crd_file
     if packaged.exists():
         return packaged
-    return Path(__file__).resolve().parents[3] / "crds" / CRD_FILE
+    return Path(__file__).resolve().parents[3] / "crds" / crd_file
 
 
 @functools.cache
-def crd_schema() -> dict:
-    """The openAPIV3Schema of the served version."""
-    crd = yaml.safe_load(crd_path().read_text())
+def _crd(crd_file: str) -> tuple[str, dict]:
+    crd = yaml.safe_load(crd_path(crd_file).read_text())
     (version,) = [v for v in crd["spec"]["versions"] if v.get("storage")]
-    return version["schema"]["openAPIV3Schema"]
+    return crd["spec"]["names"]["kind"], version["schema"]["openAPIV3Schema"]
+
+
+def crd_schema(crd_file: str = CRD_FILE) -> dict:
+    """The openAPIV3Schema of the served version."""
+    return _crd(crd_file)[1]
 
 
 # -- Go (RE2) regular expressions ---------------------------------------------
@@ -226,9 +231,9 @@ def _dotted(parts) -> str:
 _BLOCKING = frozenset({"enum", "required", "maxLength", "maxItems", "maxProperties", "type"})
 
 
-def _schema_errors(manifest: dict) -> tuple[list[FieldError], bool]:
+def _schema_errors(manifest: dict, crd_file: str) -> tuple[list[FieldError], bool]:
     """The schema's errors, and whether any of them stops the API server running CEL rules."""
-    schema = _to_jsonschema(crd_schema())
+    schema = _to_jsonschema(crd_schema(crd_file))
     # The API server owns ObjectMeta (namespace, labels, ...); the CRD only narrows `name`.
     schema["properties"]["metadata"]["additionalProperties"] = True
     errors, blocking = [], False
@@ -287,9 +292,12 @@ def _rules(value: Any, schema: dict, path: list) -> Iterator[tuple[list, dict, A
             yield from _rules(item, schema["items"], [*path, i])
 
 
-def _cel_errors(manifest: dict) -> list[FieldError]:
+def _cel_errors(manifest: dict, crd_file: str) -> list[FieldError]:
     errors = []
-    for path, rule, value in _rules(manifest, crd_schema(), []):
+    schema = crd_schema(crd_file)
+    # The API server's CEL sees a number field's 1 as the double 1.0 (`low > 0.0` holds).
+    doubled = _numbers_as(copy.deepcopy(manifest), schema, "number", float)
+    for path, rule, value in _rules(doubled, schema, []):
         if "oldSelf" in rule["rule"]:
             continue  # transition rules only apply to updates
         try:
@@ -335,18 +343,23 @@ def _drop_nulls(value: Any) -> Any:
     return value
 
 
-def _integral(value: Any, schema: dict) -> Any:
-    """Integer fields as ints (the trainer counts with them): 8.0 becomes 8."""
-    if isinstance(value, float) and schema.get("type") == "integer":
-        return int(value)
+def _numbers_as(value: Any, schema: dict, kind: str, convert: type) -> Any:
+    """`value` with the numbers of its `kind` ("integer", "number") fields converted."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return convert(value) if schema.get("type") == kind else value
     if isinstance(value, dict):
         properties, extra = schema.get("properties", {}), schema.get("additionalProperties")
         for name, item in value.items():
             sub = properties.get(name, extra if isinstance(extra, dict) else {})
-            value[name] = _integral(item, sub)
+            value[name] = _numbers_as(item, sub, kind, convert)
     elif isinstance(value, list):
-        value[:] = [_integral(v, schema.get("items", {})) for v in value]
+        value[:] = [_numbers_as(v, schema.get("items", {}), kind, convert) for v in value]
     return value
+
+
+def _integral(value: Any, schema: dict) -> Any:
+    """Integer fields as ints (the trainer counts with them): 8.0 becomes 8."""
+    return _numbers_as(value, schema, "integer", int)
 
 
 # ObjectMeta's own rules, which the API server checks before the CRD's.
@@ -382,33 +395,35 @@ def _metadata_errors(metadata: Any) -> list[FieldError]:
     return errors
 
 
-def _header_errors(manifest: Any) -> list[FieldError]:
+def _header_errors(manifest: Any, kind: str) -> list[FieldError]:
     if not isinstance(manifest, dict):
         return [FieldError("(root)", "a manifest must be a YAML mapping")]
     errors = []
     if manifest.get("apiVersion") != API_VERSION:
         errors.append(FieldError("apiVersion", f"must be {API_VERSION}"))
-    if manifest.get("kind") != KIND:
-        errors.append(FieldError("kind", f"must be {KIND}"))
+    if manifest.get("kind") != kind:
+        errors.append(FieldError("kind", f"must be {kind}"))
     if not (manifest.get("metadata") or {}).get("name"):
         errors.append(FieldError("metadata.name", "required"))  # its format is in the CRD
     return errors + _metadata_errors(manifest.get("metadata"))
 
 
-def check(manifest: Any) -> tuple[dict, list[FieldError]]:
-    """Default and validate a parsed manifest; returns (defaulted copy, errors)."""
-    errors = _header_errors(manifest)
+def check(manifest: Any, crd_file: str = CRD_FILE) -> tuple[dict, list[FieldError]]:
+    """Default and validate a parsed manifest against the CRD `crd_file` (an ERLExperiment's
+    unless told); returns (defaulted copy, errors)."""
+    kind, schema = _crd(crd_file)
+    errors = _header_errors(manifest, kind)
     if not isinstance(manifest, dict):
         return {}, errors
     json_errors = list(_json_errors(manifest, []))
     if json_errors:
         return {}, errors + json_errors
-    defaulted = apply_defaults(_drop_nulls(manifest), crd_schema())
-    schema_errors, blocking = _schema_errors(defaulted)
+    defaulted = apply_defaults(_drop_nulls(manifest), schema)
+    schema_errors, blocking = _schema_errors(defaulted, crd_file)
     errors += [e for e in schema_errors if e not in errors]
     if not blocking:  # as on the API server, CEL rules need a well-typed, bounded object
-        errors += _cel_errors(defaulted)
-    return _integral(defaulted, crd_schema()), errors
+        errors += _cel_errors(defaulted, crd_file)
+    return _integral(defaulted, schema), errors
 
 
 class _Loader(yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader):  # type: ignore[misc]
@@ -486,15 +501,17 @@ def read(path: str | Path) -> list[Any]:
     raise ManifestError([FieldError("(file)", problem)], shorten(str(path)))
 
 
-def load(path: str | Path) -> dict:
-    """Read, default and validate a manifest file; raise ManifestError listing every error."""
+def load(path: str | Path, crd_file: str = CRD_FILE) -> dict:
+    """Read, default and validate a manifest file (of the CRD `crd_file`'s kind); raise
+    ManifestError listing every error."""
     docs = read(path)
     if len(docs) != 1:
+        kind = _crd(crd_file)[0]
         raise ManifestError(
-            [FieldError("(file)", f"expected one ERLExperiment document, found {len(docs)}")],
+            [FieldError("(file)", f"expected one {kind} document, found {len(docs)}")],
             shorten(str(path)),
         )
-    manifest, errors = check(docs[0])
+    manifest, errors = check(docs[0], crd_file)
     if errors:
         raise ManifestError(errors, shorten(str(path)))
     return manifest
