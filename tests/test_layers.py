@@ -37,9 +37,14 @@ OPERATOR = (
     ("evokube_operator.observe", "evokube_operator.ownership"),  # what the watches saw
     ("evokube_operator.policies",),  # one rule each: failure, success, start-up, deadlines
     ("evokube_operator.builders", "evokube_operator.jobset"),  # desired objects (pure)
-    ("evokube_operator.decide",),  # observation -> plan (pure)
+    ("evokube_operator.decide", "evokube_operator.sweep_plan"),  # observation -> plan (pure)
     ("evokube_operator.kube", "evokube_operator.leader", "evokube_operator.metrics"),  # I/O
-    ("evokube_operator.reconcile", "evokube_operator.controller"),  # carries a plan out
+    # carry a plan out
+    (
+        "evokube_operator.reconcile",
+        "evokube_operator.sweep_reconcile",
+        "evokube_operator.controller",
+    ),
     ("evokube_operator.handlers", "evokube_operator.options"),  # Kopf
     ("evokube_operator.cli", "evokube_operator.__main__"),
 )

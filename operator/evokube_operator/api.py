@@ -103,6 +103,8 @@ SUCCEEDED: Final = "Succeeded"
 FAILED: Final = "Failed"
 SUSPENDED: Final = "Suspended"
 QUEUED: Final = "Queued"  # the Job waits for admission by Kueue (spec.queueName)
+# An ERLSweep's phase when it cannot expand, or the API server refuses one of its children.
+INVALID: Final = "Invalid"
 FINISHED_PHASES: Final = frozenset({SUCCEEDED, FAILED})
 
 # -- status.conditions: types -----------------------------------------------------------
@@ -119,6 +121,8 @@ COND_BLOCKED: Final = "Blocked"
 # True (a warning, nothing stops) while checkpoints go to an emptyDir, which a gang restart
 # loses: no spec.checkpoint.location, no claim, no --default-checkpoint-location.
 COND_CHECKPOINTS_EPHEMERAL: Final = "CheckpointsEphemeral"
+# An ERLSweep's: True (final for its generation) when it cannot expand or a child is refused.
+COND_INVALID: Final = "Invalid"
 
 # -- status.conditions: reasons (also the reasons of the Events) --------------------------
 REASON_WAITING_FOR_HOSTS: Final = "WaitingForHosts"
@@ -177,6 +181,9 @@ REASON_UNSCHEDULABLE: Final = "Unschedulable"  # Blocked after the timeout, neve
 REASON_JOB_CREATED: Final = "JobCreated"
 REASON_PROGRESS_NOT_REPORTED: Final = "ProgressNotReported"  # Warning: no host holds a token
 REASON_EXPIRED: Final = "Expired"
+# An ERLSweep's: a child created (Event); every child failed (condition Failed).
+REASON_CHILD_CREATED: Final = "ChildCreated"
+REASON_ALL_CHILDREN_FAILED: Final = "AllChildrenFailed"
 
 # Which trainer pods hold an API token for status.progress and status.result
 # (--trainer-token). The chart picks one from what the API server offers (docs/helm.md).

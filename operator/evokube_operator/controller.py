@@ -10,11 +10,15 @@ reading the experiment, its Jobs and its pods from Kopf's in-memory indices.
 
 Only the leader runs workers (see leader.py): until `start()`, requests are
 dropped, and `start()` then looks at every experiment the indices know.
+
+ERLSweeps have a queue of their own, the same class over their own indices (the sweep and
+the experiments labelled with its name) and reconciler (sweep_reconcile.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -24,6 +28,7 @@ from typing import Any
 
 from evokube_operator.metrics import Metrics
 from evokube_operator.reconcile import Key, Outcome, Reconciler
+from evokube_operator.sweep_reconcile import SweepReconciler
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,25 @@ class Indices:
             tuple(self.pods.get(key, ())),
         )
 
+    def known(self) -> list[Key]:
+        return list(self.experiments)
+
+
+@dataclass(frozen=True)
+class SweepIndices:
+    """Read-only views of Kopf's sweep indices: (namespace, sweep) -> stored values."""
+
+    sweeps: Mapping[Key, Any]  # observe.sweep_body of each sweep
+    children: Mapping[Key, Any]  # SweepChildViews of the experiments labelled with its name
+
+    def snapshot(self, key: Key) -> tuple[dict | None, tuple]:
+        """A deep copy of the sweep's body and its children, taken on the event loop."""
+        bodies = list(self.sweeps.get(key, ()))
+        return (copy.deepcopy(bodies[0]) if bodies else None, tuple(self.children.get(key, ())))
+
+    def known(self) -> list[Key]:
+        return list(self.sweeps)
+
 
 @dataclass
 class Backoff:
@@ -66,18 +90,23 @@ class Backoff:
 
 
 class Controller:
+    """The queue of one kind: experiments (Reconciler, Indices) or sweeps (SweepReconciler,
+    SweepIndices); `phases` counts its objects' phases in evokube_operator_experiments."""
+
     def __init__(
         self,
-        reconciler: Reconciler,
-        indices: Indices,
+        reconciler: Reconciler | SweepReconciler,
+        indices: Indices | SweepIndices,
         metrics: Metrics,
         workers: int = 4,
         resync_seconds: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
+        phases: bool = True,
     ):
         self.reconciler = reconciler
         self.indices = indices
         self.metrics = metrics
+        self.phases = phases
         self.workers = workers
         self.resync_seconds = resync_seconds
         self.backoff = Backoff()
@@ -133,7 +162,8 @@ class Controller:
         if timer is not None:
             timer[1].cancel()
         self.backoff.reset(key)
-        self.metrics.forget(key)
+        if self.phases:
+            self.metrics.forget(key)
         self.reconciler.forget(key)
 
     # -- running ----------------------------------------------------------------------------
@@ -144,7 +174,7 @@ class Controller:
         if self.resync_seconds > 0:
             self._tasks.append(asyncio.create_task(self._resync(), name="evokube-resync"))
         if self._indices_complete:  # else Kopf's first calls will name every experiment
-            for key in list(self.indices.experiments):
+            for key in self.indices.known():
                 self.request(key)
 
     async def stop(self) -> None:
@@ -167,7 +197,7 @@ class Controller:
         """A slow safety net: look at every known experiment now and then."""
         while True:
             await asyncio.sleep(self.resync_seconds)
-            for key in list(self.indices.experiments):
+            for key in self.indices.known():
                 self.request(key)
 
     async def _worker(self) -> None:
@@ -184,11 +214,11 @@ class Controller:
                     self.request(key)
 
     async def _process(self, key: Key) -> None:
-        body, jobs, pods = self.indices.snapshot(key)
+        snapshot = self.indices.snapshot(key)
         started = time.perf_counter()
         try:
             outcome: Outcome = await asyncio.get_running_loop().run_in_executor(
-                self._threads, self.reconciler.reconcile, key, body, jobs, pods
+                self._threads, self.reconciler.reconcile, key, *snapshot
             )
         except Exception as err:
             delay = self.backoff.next(key)
@@ -198,7 +228,8 @@ class Controller:
             self.request(key, delay)
             return
         self.backoff.reset(key)
-        self.metrics.reconciled(key, outcome.phase, time.perf_counter() - started)
+        phase = outcome.phase if self.phases else None
+        self.metrics.reconciled(key, phase, time.perf_counter() - started)
         self.metrics.gang_restarts(outcome.restarts, outcome.preemptions)
         if outcome.phase is None:
             self.forget(key)

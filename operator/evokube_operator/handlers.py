@@ -5,7 +5,9 @@
 - login: credentials from the same kubeconfig (or in-cluster account) as the client;
 - indices: the experiments, Jobs and pods, kept in memory for reconciles (trimmed views);
 - every event of an experiment, its Jobs and its pods: ask the controller to
-  reconcile that experiment.
+  reconcile that experiment;
+- every event of an ERLSweep and of the experiments labelled with its name: ask the sweep
+  controller to reconcile that sweep (a child's phase or progress moves its summary).
 
 Only event handlers, no create/update/resume/delete ones: Kopf keeps no state
 for them, so it never writes to an experiment (no progress or last-handled
@@ -25,16 +27,26 @@ from typing import Any
 
 import kopf
 
+from evokube_contract import sweep
 from evokube_operator import api, jobset
-from evokube_operator.controller import Controller, Indices
+from evokube_operator.controller import Controller, Indices, SweepIndices
 from evokube_operator.kube import Kube
 from evokube_operator.leader import Elector, FencedKube, new_identity
 from evokube_operator.metrics import Metrics, Server
-from evokube_operator.observe import ExperimentView, JobView, PodView
+from evokube_operator.observe import (
+    ExperimentView,
+    JobView,
+    PodView,
+    SweepChildView,
+    sweep_body,
+)
 from evokube_operator.options import Options, client_configuration
 from evokube_operator.reconcile import Reconciler
+from evokube_operator.sweep_reconcile import SweepReconciler
 
 OWNED = {api.LABEL_EXPERIMENT: kopf.PRESENT}
+SWEEP_CHILD = {sweep.SWEEP_LABEL: kopf.PRESENT}
+SWEEP_WORKERS = 2  # sweeps reconciled at once: each is a few cached reads and a write
 LIST_CHUNK = 100  # objects per page of the first listing
 IDLE_WORKER_SECONDS = 0.2
 STOP_SECONDS = 10.0  # for the reconciles in flight at shutdown, before the Lease is released
@@ -51,6 +63,21 @@ def watches_jobsets(kube: Kube) -> bool:
             "installed and this operator restarted",
             jobset.GROUP,
             jobset.VERSION,
+        )
+    return served
+
+
+def watches_sweeps(kube: Kube) -> bool:
+    """Whether the cluster serves ERLSweeps: said once at start when it does not (Kopf then
+    only warns that it cannot watch them; experiments are not affected)."""
+    served = kube.serves(sweep.SWEEP_KIND)
+    if not served:
+        log.warning(
+            "%s/%s %s is not served: sweeps are not reconciled until its CRD is installed "
+            "and this operator restarted",
+            api.GROUP,
+            api.VERSION,
+            sweep.SWEEP_PLURAL,
         )
     return served
 
@@ -112,19 +139,29 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
         workers=options.workers,
         resync_seconds=options.resync_seconds,
     )
-    memo.kube, memo.controller, memo.server = kube, controller, None
+    watches_sweeps(kube)
+    sweeps = Controller(
+        SweepReconciler(kube, metrics),
+        SweepIndices(kwargs["sweep_index"], kwargs["sweep_child_index"]),
+        metrics,
+        workers=SWEEP_WORKERS,
+        resync_seconds=options.resync_seconds,
+        phases=False,
+    )
+    memo.kube, memo.controller, memo.sweeps, memo.server = kube, controller, sweeps, None
     memo.elector, memo.campaign = elector, None
     memo.decided_on = {}  # key -> ExperimentView.inputs() of what was last sent to reconcile
+    controllers = (controller, sweeps)
     if elector is None:
-        controller.start()
+        _start(controllers)
     else:
-        memo.campaign = asyncio.create_task(_lead(elector, controller), name="evokube-leader")
+        memo.campaign = asyncio.create_task(_lead(elector, controllers), name="evokube-leader")
     leading = (lambda: True) if elector is None else (lambda: elector.leading)
     metrics.leader.set_function(lambda: float(leading()))
     if options.metrics_port:
         server = Server(
             metrics,
-            lambda: controller.alive,
+            lambda: all(c.alive for c in controllers),
             lambda: _api_reachable(kube),
             role=lambda: "leader" if leading() else "follower",
         )
@@ -133,7 +170,12 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
         memo.server = server
 
 
-async def _lead(elector: Elector, controller: Controller) -> None:
+def _start(controllers: tuple[Controller, ...]) -> None:
+    for controller in controllers:
+        controller.start()
+
+
+async def _lead(elector: Elector, controllers: tuple[Controller, ...]) -> None:
     """Campaign, reconcile while leading, and exit once leadership is lost.
 
     Exiting is the simplest safe step-down (controller-runtime does the same):
@@ -141,7 +183,7 @@ async def _lead(elector: Elector, controller: Controller) -> None:
     follower with fresh state.
     """
     try:
-        await elector.run(on_leading=controller.start)
+        await elector.run(on_leading=lambda: _start(controllers))
     except asyncio.CancelledError:
         raise
     except Exception:
@@ -168,9 +210,11 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
     if getattr(memo, "server", None) is not None:
         await memo.server.stop()
     stopped = True
-    if getattr(memo, "controller", None) is not None:
+    controllers = [getattr(memo, n, None) for n in ("controller", "sweeps")]
+    if any(c is not None for c in controllers):
+        stopping = (c.stop() for c in controllers if c is not None)
         try:
-            await asyncio.wait_for(memo.controller.stop(), STOP_SECONDS)
+            await asyncio.wait_for(asyncio.gather(*stopping), STOP_SECONDS)
         except TimeoutError:
             stopped = False  # a write may still be on its way: let the Lease expire instead
             log.warning(
@@ -276,3 +320,26 @@ async def jobset_event(
 @kopf.on.event("v1", "pods", labels=OWNED)
 async def pod_event(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
     memo.controller.changed((namespace, labels[api.LABEL_EXPERIMENT]))
+
+
+# -- sweeps and their children ----------------------------------------------------------------
+@kopf.index(api.GROUP, api.VERSION, sweep.SWEEP_PLURAL)
+def sweep_index(body: kopf.Body, namespace: str | None, name: str, **_: Any):
+    return {(namespace, name): sweep_body(body)}
+
+
+@kopf.index(api.GROUP, api.VERSION, api.PLURAL, labels=SWEEP_CHILD)
+def sweep_child_index(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any):
+    return {(namespace, labels[sweep.SWEEP_LABEL]): SweepChildView.from_body(body)}
+
+
+@kopf.on.event(api.GROUP, api.VERSION, sweep.SWEEP_PLURAL)
+async def sweep_event(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    memo.sweeps.changed((namespace, name))
+
+
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, labels=SWEEP_CHILD)
+async def sweep_child_event(
+    namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any
+) -> None:
+    memo.sweeps.changed((namespace, labels[sweep.SWEEP_LABEL]))

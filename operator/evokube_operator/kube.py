@@ -19,6 +19,7 @@ from urllib.parse import quote, urlencode
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 
+from evokube_contract import sweep
 from evokube_operator import api, jobset
 from evokube_operator.ownership import NameConflict, is_owned_by
 from evokube_operator.policies.refusal import REFUSAL_CODES, Refusal
@@ -39,6 +40,7 @@ KINDS: dict[str, tuple[str, str]] = {
     api.KIND: (f"/apis/{api.GROUP}/{api.VERSION}", api.PLURAL),
     "Workload": (f"/apis/{api.KUEUE_GROUP}/{api.KUEUE_VERSION}", "workloads"),  # read only
     jobset.KIND: (f"/apis/{jobset.GROUP}/{jobset.VERSION}", jobset.PLURAL),  # multislice
+    sweep.SWEEP_KIND: (f"/apis/{api.GROUP}/{api.VERSION}", sweep.SWEEP_PLURAL),
 }
 
 
@@ -260,9 +262,14 @@ class Kube:
                 return False
             raise
 
-    # -- the experiment -----------------------------------------------------------------
+    # -- the experiment (or sweep) --------------------------------------------------------
     def patch_status(
-        self, namespace: str, name: str, status: Mapping[str, Any], resource_version: str
+        self,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        resource_version: str,
+        kind: str = api.KIND,
     ) -> dict[str, Any]:
         """Merge-patch the status subresource, only if the object is still at resource_version.
 
@@ -273,8 +280,8 @@ class Kube:
         body = {"metadata": {"resourceVersion": resource_version}, "status": dict(status)}
         return self.request(
             "PATCH",
-            api.KIND,
-            self._path(api.KIND, namespace, name, "status"),
+            kind,
+            self._path(kind, namespace, name, "status"),
             body=body,
             content_type="application/merge-patch+json",
         )

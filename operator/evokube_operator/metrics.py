@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from collections import Counter as Tally
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -60,11 +60,41 @@ class _PhaseCollector:
         yield family
 
 
+class _SweepCollector:
+    """evokube_operator_sweep_children{namespace, sweep, phase} and
+    evokube_operator_sweep_best_fitness{namespace, sweep}: from each sweep's last status."""
+
+    def __init__(self, sweeps: dict[Any, Mapping[str, Any]]):
+        self._sweeps = sweeps
+
+    def collect(self):
+        children = GaugeMetricFamily(
+            "evokube_operator_sweep_children",
+            "A sweep's children, by phase (status.counts).",
+            labels=["namespace", "sweep", "phase"],
+        )
+        best = GaugeMetricFamily(
+            "evokube_operator_sweep_best_fitness",
+            "The mean over seeds of the best fitness of a sweep's best configuration.",
+            labels=["namespace", "sweep"],
+        )
+        for (namespace, name), status in sorted(self._sweeps.items()):
+            for phase, n in sorted((status.get("counts") or {}).items()):
+                children.add_metric([namespace, name, phase], n)
+            top = status.get("bestConfiguration")
+            if top:
+                best.add_metric([namespace, name], top["best"]["mean"])
+        yield children
+        yield best
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self._phases: dict[Any, str] = {}
+        self._sweeps: dict[Any, Mapping[str, Any]] = {}
         self.registry.register(_PhaseCollector(self._phases))
+        self.registry.register(_SweepCollector(self._sweeps))
         self.reconciles = Counter(
             "evokube_operator_reconciles",
             "Reconciles of experiments, by result (success or error).",
@@ -123,6 +153,13 @@ class Metrics:
 
     def forget(self, key: Any) -> None:
         self._phases.pop(key, None)
+
+    def sweep(self, key: Any, status: Mapping[str, Any]) -> None:
+        """A sweep's status as last planned: its children per phase and its best fitness."""
+        self._sweeps[key] = {k: status.get(k) for k in ("counts", "bestConfiguration")}
+
+    def forget_sweep(self, key: Any) -> None:
+        self._sweeps.pop(key, None)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from evokube_contract import sweep
 from evokube_operator import api
 from evokube_operator.spec import identity, parse_time
+from evokube_operator.util import plain
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -308,3 +310,62 @@ def gang_pods(job: JobView, pods: tuple[PodView, ...] | list[PodView]) -> list[P
         for p in pods
         if p.job_name == job.name and (not p.job_uid or not job.uid or p.job_uid == job.uid)
     ]
+
+
+@dataclass(frozen=True)
+class SweepChildView:
+    """What a sweep keeps of a child ERLExperiment: whose it is, and what `summarize` reads
+    (its index, assignment, phase and per-seed outcome), not its spec."""
+
+    name: str
+    uid: str
+    owner_uid: str | None  # the controller ownerReference's uid
+    index: str  # SWEEP_INDEX_LABEL
+    assignment: str | None  # SWEEP_ASSIGNMENT_ANNOTATION, compact JSON
+    phase: str | None
+    seeds: bytes  # status.progress.seeds as compact JSON
+    deleting: bool = False
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> SweepChildView:
+        meta = body.get("metadata") or {}
+        status = body.get("status") or {}
+        seeds = (status.get("progress") or {}).get("seeds") or []
+        owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), {})
+        return cls(
+            name=meta["name"],
+            uid=meta.get("uid", ""),
+            owner_uid=owner.get("uid"),
+            index=(meta.get("labels") or {}).get(sweep.SWEEP_INDEX_LABEL, ""),
+            assignment=(meta.get("annotations") or {}).get(sweep.SWEEP_ASSIGNMENT_ANNOTATION),
+            phase=status.get("phase"),
+            seeds=json.dumps(seeds, separators=(",", ":"), default=dict).encode(),
+            deleting=bool(meta.get("deletionTimestamp")),
+        )
+
+    def body(self) -> dict[str, Any]:
+        """The child as `summarize` reads it."""
+        metadata: dict[str, Any] = {
+            "name": self.name,
+            "uid": self.uid,
+            "labels": {sweep.SWEEP_INDEX_LABEL: self.index},
+        }
+        if self.assignment is not None:
+            metadata["annotations"] = {sweep.SWEEP_ASSIGNMENT_ANNOTATION: self.assignment}
+        status: dict[str, Any] = {"progress": {"seeds": json.loads(self.seeds)}}
+        if self.phase:
+            status["phase"] = self.phase
+        return {"metadata": metadata, "status": status}
+
+
+def sweep_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A sweep as its controller reads it: identity, spec and status (no managedFields)."""
+    meta = body.get("metadata") or {}
+    kept = ("name", "namespace", "uid", "generation", "resourceVersion", "deletionTimestamp")
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": sweep.SWEEP_KIND,
+        "metadata": {k: meta[k] for k in kept if k in meta},
+        "spec": plain(body.get("spec") or {}),
+        "status": plain(body.get("status") or {}),
+    }

@@ -470,10 +470,13 @@ class Reconciler:
         return None
 
     def _event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-        try:
-            self.kube.post_event(body, type_, reason, message)
-        except ApiError as err:  # an Event is worth a log line, never a retry
-            meta = body["metadata"]
-            log.warning(
-                "%s/%s: event %s not posted: %s", meta["namespace"], meta["name"], reason, err
-            )
+        post_event(self.kube, body, type_, reason, message)
+
+
+def post_event(kube: Kube, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    """An Event about `body` (an experiment or a sweep), worth a log line, never a retry."""
+    try:
+        kube.post_event(body, type_, reason, message)
+    except ApiError as err:
+        meta = body["metadata"]
+        log.warning("%s/%s: event %s not posted: %s", meta["namespace"], meta["name"], reason, err)

@@ -210,7 +210,9 @@ def test_the_account_may_do_what_docs_helm_md_tables_and_nothing_more(cluster, r
         ("create", "pods"),
         ("delete", "pods"),
         ("update", "erlexperiments.evokube.io"),
-        ("create", "erlexperiments.evokube.io"),
+        ("patch", "erlexperiments.evokube.io"),  # a sweep creates its children, never edits one
+        ("create", "erlsweeps.evokube.io"),
+        ("delete", "erlsweeps.evokube.io"),  # a sweep's children go by garbage collection
         # Its manifest ConfigMaps it creates and deletes by name, owned ones only
         # (test_reconcile, test_ownership); it cannot enumerate the tenants'.
         ("list", "configmaps"),
@@ -221,6 +223,7 @@ def test_the_account_may_do_what_docs_helm_md_tables_and_nothing_more(cluster, r
     ]:
         assert not can_i(cluster, user, watched, verb, resource), f"may {verb} {resource}"
     assert can_i(cluster, user, watched, "create", "jobs.batch")
+    assert can_i(cluster, user, watched, "create", "erlexperiments.evokube.io")
     assert not can_i(cluster, user, release.spare, "create", "jobs.batch")
     assert not can_i(cluster, user, release.spare, "list", "erlexperiments.evokube.io")
 

@@ -25,7 +25,13 @@ import yaml
 from tests.cluster.controlplane import free_port, wait_until
 from tests.helm.chart import CHART
 from tests.observability.prometheus import Prometheus, get, static_scrape_configs
-from tests.operator.conftest import K8s, OperatorProcess, experiment_manifest, release_gangs
+from tests.operator.conftest import (
+    K8s,
+    OperatorProcess,
+    experiment_manifest,
+    release_gangs,
+    sweep_manifest,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -159,6 +165,11 @@ def operator_with_a_restart(cluster, api, crd, namespace, tmp_path):
         k8s.exit_pod(namespace, pod.metadata.name, 75)
         k8s.wait(lambda: k8s.status(namespace, name).get("jobName") == f"{name}-1", "a restart")
         k8s.wait_running_gang(namespace, name, 2)
+        # A sweep of one child, played to the end: its gauges (children, best fitness).
+        k8s.apply(sweep_manifest("swept", namespace, [{"path": "spec.seed", "values": [0]}]))
+        k8s.wait_phase(namespace, "swept-0", "Running")
+        k8s.succeed(namespace, "swept-0", [{"seed": 0, "bestFitness": -5.0, "fitness": -6.0}])
+        k8s.wait_phase(namespace, "swept-0", "Succeeded")
         yield operator
     finally:
         release_gangs(k8s, namespace)
@@ -247,6 +258,8 @@ def test_the_dashboard_covers_each_topic_with_variables_for_namespace_and_experi
         "phase",
         "checkpoint age",
         "pods per experiment",
+        "sweep children by phase",
+        "sweep best configuration",
     ):
         assert topic in titles, f"no panel about {topic}"
     queries = dashboard_queries()

@@ -245,6 +245,16 @@ class K8s:
             pod, namespace, {"metadata": {"annotations": {"evokube.test/exit-code": str(code)}}}
         )
 
+    def succeed(self, namespace: str, name: str, seeds: list[dict]) -> None:
+        """Play a running experiment's trainer to the end: its per-seed outcome into
+        status.progress.seeds (as process 0 writes it), then every host exits 0."""
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": {"progress": {"seeds": seeds}}}
+        )
+        job = self.status(namespace, name)["jobName"]
+        for pod in self.running_pods(namespace, name, job):
+            self.exit_pod(namespace, pod.metadata.name, 0)
+
     def events(self, namespace: str, name: str) -> list[str]:
         items = self.core.list_namespaced_event(
             namespace,
@@ -321,7 +331,9 @@ def release_gangs(k8s: K8s, namespace: str) -> None:
     kwok's delete stage does not. Deleting the experiment first deletes the Job
     (garbage collector), which releases the pods and the nodes' capacity.
     """
-    k8s.cluster.kubectl("delete", "erlx", "--all", "-n", namespace, "--wait=false", check=False)
+    # Sweeps first: a sweep would create a deleted child again (its garbage collector takes them).
+    for kind in ("erls", "erlx"):
+        k8s.cluster.kubectl("delete", kind, "--all", "-n", namespace, "--wait=false", check=False)
     selector = "app.kubernetes.io/managed-by=evokube-operator"
     k8s.wait(
         lambda: not k8s.core.list_namespaced_pod(namespace, label_selector=selector).items,
@@ -344,6 +356,23 @@ def experiment_manifest(name: str, namespace: str, **spec) -> dict:
         "kind": "ERLExperiment",
         "metadata": {"name": name, "namespace": namespace},
         "spec": base,
+    }
+
+
+def sweep_manifest(
+    name: str, namespace: str, parameters: list[dict], max_parallel: int = 1, **spec
+) -> dict:
+    """An ERLSweep of experiment_manifest's experiment (keyword arguments: its spec fields)."""
+    template = experiment_manifest("unused", namespace, **spec)["spec"]
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ERLSweep",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "template": {"metadata": {"labels": {"team": "a"}}, "spec": template},
+            "parameters": parameters,
+            "maxParallel": max_parallel,
+        },
     }
 
 

@@ -25,7 +25,8 @@ class FakeKube:
     is ours to update only if we control it; what the API server refuses raises Refusal.
     """
 
-    def __init__(self, experiment: dict):
+    def __init__(self, experiment: dict, kind: str = api.KIND):
+        self.kind = kind  # of the one object (an ERLSweep for the sweep reconciler's tests)
         self.experiment = copy.deepcopy(experiment)
         self.objects: dict[tuple[str, str], dict] = {}
         self.calls: list[tuple[str, str]] = []
@@ -43,7 +44,7 @@ class FakeKube:
 
     def get(self, kind, namespace, name):
         self.calls.append(("get", kind))
-        if kind == api.KIND:
+        if kind == self.kind:
             return copy.deepcopy(self.experiment)
         if (kind, name) not in self.objects:
             raise ApiError(404, f"{kind} {name} not found", "NotFound")
@@ -80,8 +81,9 @@ class FakeKube:
         self.deleted.append((name, uid))
         return self.objects.pop((kind, name), None) is not None
 
-    def patch_status(self, namespace, name, status, resource_version):
-        self.calls.append(("patch_status", api.KIND))
+    def patch_status(self, namespace, name, status, resource_version, kind=api.KIND):
+        assert kind == self.kind
+        self.calls.append(("patch_status", kind))
         if resource_version != self.experiment["metadata"]["resourceVersion"]:
             raise ApiError(409, "the object has been modified", "Conflict")
         merged = {**self.experiment["status"], **status}

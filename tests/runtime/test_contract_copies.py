@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 import evokube_contract as contract
+from evokube_contract import sweep
 from evokube_operator import api
 from evokube_operator.options import Options
 from evokube_trainer.runtime import manifest
@@ -92,7 +93,7 @@ CHART_COPIES = [
     ("admission.yaml", r"apiGroups: \[(\w[^\]]*)\]", {contract.GROUP}),
     ("admission.yaml", r"resources: \[(erl[^\]/]*)", {contract.PLURAL}),
     ("_helpers.tpl", r"apiGroups: \[(evokube[^\]]*)\]", {contract.GROUP}),
-    ("_helpers.tpl", r"resources: \[(erl[^\]/]*)", {contract.PLURAL}),
+    ("_helpers.tpl", r"resources: \[(erl[^\]/]*)", {contract.PLURAL, sweep.SWEEP_PLURAL}),
 ]
 
 

@@ -68,16 +68,24 @@ tables them and tests/helm proves `kubectl auth can-i` grants nothing more.
 
 {{/* Rules every watched namespace needs (a ClusterRole's when watching all). */}}
 {{- define "evokube.namespacedRules" -}}
-# Watch experiments (Kopf writes nothing to them: event handlers only); the TTL deletes.
+# Watch experiments (Kopf writes nothing to them: event handlers only); the TTL deletes;
+# a sweep creates its children.
 - apiGroups: [evokube.io]
   resources: [erlexperiments]
-  verbs: [get, list, watch, delete]
+  verbs: [get, list, watch, create, delete]
 - apiGroups: [evokube.io]
   resources: [erlexperiments/status]
   verbs: [get, patch]
+# Watch sweeps (event handlers only, as experiments) and write their status.
+- apiGroups: [evokube.io]
+  resources: [erlsweeps]
+  verbs: [get, list, watch]
+- apiGroups: [evokube.io]
+  resources: [erlsweeps/status]
+  verbs: [get, patch]
 # Owner references with blockOwnerDeletion need this where that admission plugin runs.
 - apiGroups: [evokube.io]
-  resources: [erlexperiments/finalizers]
+  resources: [erlexperiments/finalizers, erlsweeps/finalizers]
   verbs: [update]
 # One Indexed Job per gang attempt; the old attempt's Job is deleted.
 - apiGroups: [batch]
