@@ -57,6 +57,26 @@ def refused_fields(err) -> set[str]:
     return fields or {f"(unparsed) {message}"}
 
 
+def dry_run_refusals(objects, plural: str, body: dict) -> set[str]:
+    """Create `body` (an evokube.io object of `plural`) with dryRun=All and strict field
+    validation, as `kubectl apply` validates; the field paths refused (empty: admitted)."""
+    from kubernetes import client
+
+    try:
+        objects.create_namespaced_custom_object(
+            "evokube.io",
+            "v1alpha1",
+            body["metadata"]["namespace"],
+            plural,
+            body,
+            dry_run="All",
+            field_validation="Strict",
+        )
+    except client.ApiException as err:
+        return refused_fields(err)
+    return set()
+
+
 @pytest.fixture(scope="module")
 def dry_run(cluster, crd):
     """Create an ERLExperiment with dryRun=All and strict field validation, as `kubectl apply`
@@ -68,19 +88,7 @@ def dry_run(cluster, crd):
     objects = client.CustomObjectsApi(api_client)
 
     def create(changes: dict) -> set[str]:
-        try:
-            objects.create_namespaced_custom_object(
-                "evokube.io",
-                "v1alpha1",
-                DRY_RUN_NAMESPACE,
-                "erlexperiments",
-                bad_manifest(DRY_RUN_NAMESPACE, changes),
-                dry_run="All",
-                field_validation="Strict",
-            )
-        except client.ApiException as err:
-            return refused_fields(err)
-        return set()
+        return dry_run_refusals(objects, "erlexperiments", bad_manifest(DRY_RUN_NAMESPACE, changes))
 
     yield create
     api_client.close()

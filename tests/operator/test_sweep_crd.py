@@ -10,7 +10,7 @@ from evokube_trainer.runtime import manifest
 from tests.bad_manifests import ids, with_changes
 from tests.bad_sweeps import BAD_SWEEPS, SWEEP
 from tests.e2e.scenarios import table_columns
-from tests.operator.test_crd import refused_fields
+from tests.operator.test_crd import dry_run_refusals
 
 pytestmark = pytest.mark.cluster
 
@@ -30,19 +30,7 @@ def dry_run(cluster, crd):
     objects = client.CustomObjectsApi(api_client)
 
     def create(changes: dict) -> set[str]:
-        try:
-            objects.create_namespaced_custom_object(
-                "evokube.io",
-                "v1alpha1",
-                "default",
-                contract.SWEEP_PLURAL,
-                sweep_manifest("default", changes),
-                dry_run="All",
-                field_validation="Strict",
-            )
-        except client.ApiException as err:
-            return refused_fields(err)
-        return set()
+        return dry_run_refusals(objects, contract.SWEEP_PLURAL, sweep_manifest("default", changes))
 
     yield create
     api_client.close()
