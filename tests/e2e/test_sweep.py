@@ -4,7 +4,8 @@ process on the pod runner.
 
 The template is scaled down to OpenES (16 hidden units, 3 generations, one evaluation episode)
 with the grid's shape, seeds and maxParallel kept: under `evokube run` on 2 cores the example's
-CEM-RL child takes 39 s (31 s scaled down: nearly all start-up and compilation), this one 17 s.
+CEM-RL child takes 39 s (31 s scaled down: nearly all start-up and compilation), this one 17 s;
+the sweep runs here in 44 to 86 s, the example's unchanged template in 166 s.
 """
 
 import math
