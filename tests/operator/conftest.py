@@ -276,14 +276,27 @@ class K8s:
             raise TimeoutError(f"{err}\n--- operator log ---\n{tail}") from None
 
     def wait_phase(self, namespace: str, name: str, phase: str, timeout: float = 30) -> dict:
+        """The status once the experiment is in `phase`; one not created yet (a sweep's child,
+        say) is waited for too."""
+
+        from kubernetes import client
+
+        def current() -> dict | None:
+            try:
+                return self.status(namespace, name)
+            except client.ApiException as err:
+                if err.status == 404:
+                    return None
+                raise
+
         def reached():
-            status = self.status(namespace, name)
-            return status if status.get("phase") == phase else None
+            status = current()
+            return status if status and status.get("phase") == phase else None
 
         try:
             return self.wait(reached, f"{namespace}/{name} to be {phase}", timeout)
         except TimeoutError as err:
-            status = json.dumps(self.status(namespace, name), indent=1)
+            status = json.dumps(current(), indent=1)
             raise TimeoutError(f"{err}\n--- status ---\n{status}") from None
 
     def wait_running_gang(self, namespace: str, name: str, hosts: int, timeout: float = 30):

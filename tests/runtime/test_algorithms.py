@@ -360,7 +360,7 @@ def test_a_new_algorithm_is_one_registry_entry(monkeypatch):
     crd = (generate.repo_root() / generate.CRD_FILES[0]).read_text()
     crd = yaml.safe_load(generate.render_crd(crd, catalog.load(), algorithms))
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    monkeypatch.setattr(manifest, "crd_schema", lambda: schema)
+    monkeypatch.setattr(manifest, "crd_schema", lambda *crd_file: schema)
     assert "erl-cma" in _algorithm_schema()["properties"]["name"]["enum"]
     messages = [r["message"] for r in _algorithm_schema()["x-kubernetes-validations"]]
     assert (
