@@ -383,7 +383,13 @@ def summarize(children: list[Mapping[str, Any]]) -> dict[str, Any]:
     `counts` per phase, one configuration per child in index order, and `bestConfiguration`,
     the child of the highest mean best fitness. What a child does not report is left out."""
     ordered = sorted(children, key=lambda c: (_index(c), (c.get("metadata") or {}).get("name")))
-    configurations = [_configuration(child) for child in ordered]
+    return tally([_configuration(child) for child in ordered])
+
+
+def tally(configurations: list[dict[str, Any]]) -> dict[str, Any]:
+    """`counts` per phase, the `configurations` themselves and `bestConfiguration` (the
+    highest mean best fitness, the first of equals) of configurations as `summarize` makes
+    them: the operator tallies its own list too (with the finished children gone since)."""
     counts: dict[str, int] = {}
     for configuration in configurations:
         if "phase" in configuration:

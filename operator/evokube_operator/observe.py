@@ -318,13 +318,11 @@ class SweepChildView:
     (its index, assignment, phase and per-seed outcome), not its spec."""
 
     name: str
-    uid: str
     owner_uid: str | None  # the controller ownerReference's uid
     index: str  # SWEEP_INDEX_LABEL
     assignment: str | None  # SWEEP_ASSIGNMENT_ANNOTATION, compact JSON
     phase: str | None
     seeds: bytes  # status.progress.seeds as compact JSON
-    deleting: bool = False
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> SweepChildView:
@@ -334,20 +332,17 @@ class SweepChildView:
         owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), {})
         return cls(
             name=meta["name"],
-            uid=meta.get("uid", ""),
             owner_uid=owner.get("uid"),
             index=(meta.get("labels") or {}).get(sweep.SWEEP_INDEX_LABEL, ""),
             assignment=(meta.get("annotations") or {}).get(sweep.SWEEP_ASSIGNMENT_ANNOTATION),
             phase=status.get("phase"),
             seeds=json.dumps(seeds, separators=(",", ":"), default=dict).encode(),
-            deleting=bool(meta.get("deletionTimestamp")),
         )
 
     def body(self) -> dict[str, Any]:
         """The child as `summarize` reads it."""
         metadata: dict[str, Any] = {
             "name": self.name,
-            "uid": self.uid,
             "labels": {sweep.SWEEP_INDEX_LABEL: self.index},
         }
         if self.assignment is not None:

@@ -20,7 +20,6 @@ write and the Events to post. sweep_reconcile.py carries the plan out.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -136,17 +135,11 @@ def _status(sweep, generation, names, owned, recorded) -> dict[str, Any]:
     summary = contract.summarize([owned[n].body() for n in names if n in owned])
     present = {c["name"]: c for c in summary["configurations"]}
     configurations = [present.get(n) or recorded[n] for n in names if n in present or n in recorded]
-    scored = [c for c in configurations if "best" in c]
-    status: dict[str, Any] = {
+    return {
         "observedGeneration": generation,
         "children": len(names),
-        "counts": dict(Counter(c["phase"] for c in configurations if "phase" in c)),
-        "configurations": configurations,
+        **contract.tally(configurations),
     }
-    if scored:
-        best = max(scored, key=lambda c: c["best"]["mean"])  # the first of equals
-        status["bestConfiguration"] = {"name": best["name"], "best": best["best"]}
-    return status
 
 
 def _blocker(foreign: set[str], refused: Refusal | None) -> cond.Condition | None:

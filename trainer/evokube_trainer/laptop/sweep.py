@@ -104,6 +104,8 @@ def local_seeds(rows: list[dict], spec: dict) -> list[dict]:
     """status.progress.seeds of a local run from its history: per replica, its root seed, its
     best fitness so far and its last generation's. A history without per-replica columns
     (seed/<i>/...) is one replica, the run itself."""
+    from evokube_trainer.workflows import replica_seed  # the trainer's own numbering
+
     replicas = spec.get("seeds", 1)
     per_seed = any(f"seed/0/{FITNESS}" in r for r in rows)
     prefixes = [f"seed/{i}/" for i in range(replicas)] if per_seed else [""]
@@ -112,7 +114,7 @@ def local_seeds(rows: list[dict], spec: dict) -> list[dict]:
         fitness = _numbers(rows, prefix + FITNESS)
         if not fitness:
             continue
-        entry = {"seed": spec.get("seed", 0) + i, "bestFitness": max(fitness)}
+        entry = {"seed": replica_seed(spec.get("seed", 0), i), "bestFitness": max(fitness)}
         entry["fitness"] = fitness[-1]
         returns = _numbers(rows, prefix + EVAL_RETURN)
         if returns:

@@ -440,7 +440,7 @@ def _restore_template(workflow, layout):
     return jax.tree.map(
         lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
         abstract,
-        workflow.state_shardings(),
+        workflow.state_shardings(abstract),
     )
 
 

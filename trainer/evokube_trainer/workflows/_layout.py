@@ -91,8 +91,9 @@ class DeviceLayout:
         """Shardings for a WorkflowState: replay data split by capacity, PBT's members by
         member, the rest replicated. `replicas`: every array leads with the seeds' axis
         (`Workflow.seeds` > 1), which stays whole."""
-        split = NamedSharding(self.mesh, PartitionSpec(None, (SLICE_AXIS, AXIS)))
-        split = split if replicas else self.split
+        split = self.split
+        if replicas:
+            split = NamedSharding(self.mesh, PartitionSpec(None, (SLICE_AXIS, AXIS)))
         shardings = jax.tree.map(lambda _: self.replicated, abstract_state)
         if isinstance(getattr(abstract_state, "learner", None), PBTState):
             learner = jax.tree.map(lambda _: split, abstract_state.learner)

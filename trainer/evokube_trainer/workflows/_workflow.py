@@ -229,9 +229,12 @@ class Workflow:
         key = jax.ShapeDtypeStruct(self.root_key(0).shape, jnp.uint32)
         return jax.eval_shape(functools.partial(self.init, warm_up=False), key)
 
-    def state_shardings(self) -> Any:
-        """The state's shardings on the layout (`DeviceLayout.state_shardings`)."""
-        return self.layout.state_shardings(self.state_shapes(), replicas=self.seeds > 1)
+    def state_shardings(self, abstract_state: Any = None) -> Any:
+        """The state's shardings on the layout (`DeviceLayout.state_shardings`), for
+        `abstract_state` when the caller has traced `state_shapes` already."""
+        if abstract_state is None:
+            abstract_state = self.state_shapes()
+        return self.layout.state_shardings(abstract_state, replicas=self.seeds > 1)
 
     def _example_transition(self) -> Transition:
         obs = jnp.zeros((self.env.obs_dim,), jnp.float32)
