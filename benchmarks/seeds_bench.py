@@ -7,7 +7,9 @@
 Runs on whatever JAX sees (a TPU chip, a GPU, or the CPU), unchanged. The rows are
 benchmarks/chip_bench.py's configurations: `openes-64` and `openes-4096` as there, and
 `cemrl-pendulum`, its CEM-RL row (4 TD3 actors of (256, 256), replay capacity 1M, 128 + 64
-update steps per generation) on gymnax Pendulum-v1 with T=200.
+update steps per generation) on gymnax Pendulum-v1 with T=200; `openes-512`, one replica of
+openes-64 with 8 times its population (`--rows openes-512 --seeds 1` against `--rows
+openes-64 --seeds 8`: the same work, with and without the seeds axis).
 
 Each (row, seeds) runs in a new process: the workflow of `seeds` replicas (`make_workflow(...,
 seeds=N)`, what spec.seeds builds), one untimed chunk (compilation), then chunks of about a
@@ -33,6 +35,8 @@ ROWS = {
     "openes-64": "OpenES gymnax Pendulum-v1 T=200, pop 64, actor (16,16)",
     "openes-4096": "OpenES gymnax Pendulum-v1 T=200, pop 4096, actor (16,16)",
     "cemrl-pendulum": "CEM-RL gymnax Pendulum-v1 T=200, pop 8, 4 TD3 actors, 128+64 steps",
+    # One replica as large as 8 seeds of openes-64: what the seeds axis costs beyond its work.
+    "openes-512": "OpenES gymnax Pendulum-v1 T=200, pop 512, actor (16,16)",
 }
 MIB = 2**20
 
@@ -41,6 +45,8 @@ def workflow_config(row: str):
     """chip_bench's configuration of the row (its CEM-RL row's on Pendulum)."""
     from benchmarks import chip_bench
 
+    if row == "openes-512":
+        return dataclasses.replace(chip_bench.workflow_config("openes-64", None), pop_size=512)
     if row != "cemrl-pendulum":
         return chip_bench.workflow_config(row, None)
     pendulum = chip_bench.workflow_config("openes-64", None).env
