@@ -24,7 +24,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -192,6 +192,17 @@ def write_reports(run_dir: Path) -> list[Path]:
     return [csv_path, plot_learning_curve(rows, run_dir.name, run_dir / "learning-curve.png")]
 
 
+@contextlib.contextmanager
+def interrupts_ignored() -> Iterator[None]:
+    """Ctrl-C again (or a terminal's signal sent twice) while the trainers checkpoint would
+    abandon them mid-save; the stop is bounded by its grace period, so wait it out."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _stop(procs: list[subprocess.Popen], grace_s: float = GRACE_S) -> None:
     """SIGTERM (they checkpoint and exit), then SIGKILL whatever outlives `grace_s`."""
     for proc in procs:
@@ -288,8 +299,9 @@ def run_locally(
                 break
             time.sleep(0.5)
     except KeyboardInterrupt:
-        print("\ninterrupted: checkpointing (rerun the same command to resume)", file=out)
-        _stop(procs, spec.get("terminationGracePeriodSeconds", GRACE_S))
+        with interrupts_ignored():
+            print("\ninterrupted: checkpointing (rerun the same command to resume)", file=out)
+            _stop(procs, spec.get("terminationGracePeriodSeconds", GRACE_S))
     progress.poll()
     codes = [p.wait() for p in procs]
     reports = write_reports(run_dir)

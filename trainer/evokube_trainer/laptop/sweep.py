@@ -35,6 +35,7 @@ from evokube_contract.sweep import (
 )
 from evokube_trainer.laptop import checks_on_cpu
 from evokube_trainer.laptop.curves import plot_curves, read_history
+from evokube_trainer.laptop.local import interrupts_ignored
 from evokube_trainer.runtime import exitcodes, folders, manifest
 
 OUTCOME_FILE = "outcome.json"  # in a child's folder: {"phase", "exitCode"} once it ended
@@ -231,12 +232,13 @@ def run_sweep(
             time.sleep(0.2)
     except KeyboardInterrupt:
         interrupted = True
-        print("\ninterrupted: the running children checkpoint", file=out, flush=True)
-        for _, proc, _ in running.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        for child, proc, _ in running.values():
-            child.record(proc.wait())
+        with interrupts_ignored():
+            print("\ninterrupted: the running children checkpoint", file=out, flush=True)
+            for _, proc, _ in running.values():
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGINT)
+            for child, proc, _ in running.values():
+                child.record(proc.wait())
     return _report(root, runs, interrupted, out)
 
 

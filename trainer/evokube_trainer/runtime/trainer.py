@@ -58,6 +58,9 @@ log = logging.getLogger(__name__)
 
 # Why a run stops; the agreed reason is the largest code any process raised.
 CONTINUE, STOP_DONE, STOP_PREEMPTED = 0, 1, 2
+# Signals that checkpoint and exit: SIGTERM from the kubelet, SIGINT from a terminal's Ctrl-C
+# (it reaches every process of `evokube run`'s process group, its trainers too).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # Generations run in chunks of one dispatch each (`Workflow.learn`), sized so that a chunk takes
 # about this long (and at most an eighth of the grace period): short generations (ms on a TPU)
 # then cost one host round trip per chunk, not per generation, while a SIGTERM, a stop and
@@ -82,7 +85,8 @@ class StopFlags:
             log.warning("received signal %d: checkpointing and exiting", signum)
             self.preempted = True
 
-        signal.signal(signal.SIGTERM, on_term)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, on_term)
         reader, writer = socket.socketpair()
         writer.setblocking(False)
         signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
@@ -94,12 +98,13 @@ class StopFlags:
         while the process ends, as a peer's preemption stopped it) is ignored. Python's
         shutdown puts a handled SIGTERM back to its default, which would turn the exit code
         into 143; an ignored one stays ignored."""
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
 
     def _watch(self, reader: socket.socket) -> None:
         while True:
             signals = reader.recv(64)
-            if signal.SIGTERM in signals and self.during_generation is not None:
+            if set(signals) & set(STOP_SIGNALS) and self.during_generation is not None:
                 self.during_generation()
 
 
