@@ -6,7 +6,10 @@ jax.distributed starts.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import glob
+import gzip
 import json
 import os
 import re
@@ -87,6 +90,65 @@ def run_children(
                 tail = "\n".join(err.read().splitlines()[-20:])
                 raise RuntimeError(f"{proc.args[4]} exited {proc.returncode}:\n{tail}")
     return json.loads(outputs[0].strip().splitlines()[-1])
+
+
+# -- jax.profiler traces -----------------------------------------------------------------------
+
+
+def device_ops(trace_dir: str) -> list[dict] | None:
+    """The device ops of the `jax.profiler` trace written under `trace_dir`, each as {"name",
+    "category" (HLO category), "scope" (its named scopes, `tf_op`), "ms"}; container ops
+    (while, conditional, call) left out, their bodies' ops being counted themselves. None when
+    the trace has no device ops (a CPU trace)."""
+    files = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
+    if not files:
+        return None
+    with gzip.open(files[0]) as stream:
+        events = json.load(stream)["traceEvents"]
+    threads = {
+        (e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"
+    }
+    processes = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    ops = []
+    for event in events:
+        if event.get("ph") != "X" or "dur" not in event:
+            continue
+        if threads.get((event["pid"], event["tid"])) != "XLA Ops":
+            continue
+        if "/device:" not in processes.get(event["pid"], ""):
+            continue
+        arguments = event.get("args", {})
+        category = arguments.get("hlo_category", "")
+        if category in ("while", "conditional", "call"):
+            continue
+        ops.append(
+            {
+                "name": event.get("name", ""),
+                "category": category,
+                "scope": arguments.get("tf_op", ""),
+                "ms": event["dur"] / 1e3,  # microseconds -> ms
+            }
+        )
+    return ops or None
+
+
+def top_ops(ops: list[dict], count: int = 12) -> list[dict]:
+    """The `count` ops with the most device time in all, each {"name", "category", "scope",
+    "calls", "ms"}: where a traced program spends the device."""
+    totals: dict[str, dict] = {}
+    for op in ops:
+        entry = totals.setdefault(op["name"], {**op, "calls": 0, "ms": 0.0})
+        entry["calls"] += 1
+        entry["ms"] += op["ms"]
+    return sorted(totals.values(), key=lambda e: -e["ms"])[:count]
+
+
+def category_ms(ops: list[dict]) -> dict[str, float]:
+    """Device milliseconds by HLO category (fusion, convolution, scatter, ...)."""
+    spent: dict[str, float] = collections.defaultdict(float)
+    for op in ops:
+        spent[op["category"] or "?"] += op["ms"]
+    return dict(sorted(spent.items(), key=lambda item: -item[1]))
 
 
 # -- children of the scaling benchmarks: processes of one jax.distributed group ------------------

@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
-import gzip
 import json
 import logging
 import os
@@ -45,7 +43,15 @@ import sys
 import tempfile
 import time
 
-from benchmarks._common import REPO, load, print_header, print_row
+from benchmarks._common import (
+    REPO,
+    category_ms,
+    device_ops,
+    load,
+    print_header,
+    print_row,
+    top_ops,
+)
 from evokube_contract import EXECUTABLES_SUBDIR, XLA_CACHE_SUBDIR
 
 # Issue 23's table: EvoRL's generations/s on one TPU v5e chip (JAX 0.10.2).
@@ -169,7 +175,7 @@ def throughput(row: str, args: argparse.Namespace) -> dict:
     elapsed = time.perf_counter() - start
     steps = int(state.env_steps) - before
 
-    parts = None
+    parts, busiest = None, None
     if args.profile:
         # One generation: a Brax generation alone is millions of traced kernels.
         trace_dir = tempfile.mkdtemp(prefix="chip-bench-trace-")
@@ -178,7 +184,10 @@ def throughput(row: str, args: argparse.Namespace) -> dict:
         state, _, _ = jax.block_until_ready(fns.steps(state, *one))
         traced_s = time.perf_counter() - traced_start
         jax.profiler.stop_trace()
-        parts = profile_parts(trace_dir, traced_s, 1)
+        ops = device_ops(trace_dir)
+        parts = profile_parts(ops, traced_s)
+        if ops:
+            busiest = {"categories": category_ms(ops), "top_ops": top_ops(ops)}
         shutil.rmtree(trace_dir, ignore_errors=True)
     return {
         "step_gen_per_s": 1.0 / step_gen_s,
@@ -188,42 +197,23 @@ def throughput(row: str, args: argparse.Namespace) -> dict:
         "platform": jax.devices()[0].platform,
         "device_kind": jax.devices()[0].device_kind,
         "parts_ms": parts,
+        "busiest": busiest,
     }
 
 
-def profile_parts(trace_dir: str, wall_s: float, generations: int) -> dict | None:
-    """Device milliseconds per generation by part (`workflows.PARTS`), "other device" for ops
-    outside them and "host" for the rest of the wall time; None without device ops."""
+def profile_parts(ops: list[dict] | None, wall_s: float) -> dict | None:
+    """Device milliseconds of one generation by part (`workflows.PARTS`), "other device" for
+    ops outside them and "host" for the rest of the wall time; None without device ops."""
     from evokube_trainer.workflows import PARTS
 
-    files = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
-    if not files:
+    if not ops:
         return None
-    with gzip.open(files[0]) as stream:
-        events = json.load(stream)["traceEvents"]
-    names = {
-        (e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"
-    }
-    processes = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
     spent: dict[str, float] = collections.defaultdict(float)
-    for event in events:
-        if event.get("ph") != "X" or "dur" not in event:
-            continue
-        if names.get((event["pid"], event["tid"])) != "XLA Ops":
-            continue
-        if "/device:" not in processes.get(event["pid"], ""):
-            continue
-        arguments = event.get("args", {})
-        if arguments.get("hlo_category") in ("while", "conditional", "call"):
-            continue  # containers: their ops are counted themselves
-        scopes = arguments.get("tf_op", "").split("/")
-        part = next((p for p in PARTS if p in scopes), "other device")
-        spent[part] += event["dur"] / 1e3  # microseconds -> ms
-    if not spent:
-        return None
-    device_ms = sum(spent.values())
-    spent["host"] = max(0.0, wall_s * 1e3 - device_ms)
-    return {part: ms / generations for part, ms in spent.items()}
+    for op in ops:
+        part = next((p for p in PARTS if p in op["scope"].split("/")), "other device")
+        spent[part] += op["ms"]
+    spent["host"] = max(0.0, wall_s * 1e3 - sum(spent.values()))
+    return dict(spent)
 
 
 # -- the parent ------------------------------------------------------------------------------
@@ -351,7 +341,19 @@ def main(argv=None) -> None:
         parts = cold["parts_ms"]
         cells = [f"{parts.get(c, 0.0):.2f}" for c in columns] if parts else ["-"] * len(columns)
         print_row(ROWS[row], cold["chunk"], *cells)
+    for row, (_, _, cold) in results.items():
+        if cold["busiest"]:
+            print_busiest(row, cold["busiest"])
     print(f"# load average at end {load():.2f}")
+
+
+def print_busiest(title: str, busiest: dict) -> None:
+    """A traced generation's device time by HLO category and its busiest ops."""
+    print(f"\n{title}: device ms of one generation by category:", end=" ")
+    print(", ".join(f"{name} {ms:.2f}" for name, ms in busiest["categories"].items()))
+    print_header("op", "category", "calls", "ms", "scope")
+    for op in busiest["top_ops"]:
+        print_row(op["name"], op["category"], op["calls"], f"{op['ms']:.3f}", op["scope"][-90:])
 
 
 if __name__ == "__main__":

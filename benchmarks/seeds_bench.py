@@ -27,9 +27,21 @@ import argparse
 import dataclasses
 import json
 import resource
+import shutil
+import tempfile
 import time
 
-from benchmarks._common import child_command, load, print_header, print_row, run_children
+from benchmarks import chip_bench
+from benchmarks._common import (
+    category_ms,
+    child_command,
+    device_ops,
+    load,
+    print_header,
+    print_row,
+    run_children,
+    top_ops,
+)
 
 ROWS = {
     "openes-64": "OpenES gymnax Pendulum-v1 T=200, pop 64, actor (16,16)",
@@ -43,8 +55,6 @@ MIB = 2**20
 
 def workflow_config(row: str):
     """chip_bench's configuration of the row (its CEM-RL row's on Pendulum)."""
-    from benchmarks import chip_bench
-
     if row == "openes-512":
         return dataclasses.replace(chip_bench.workflow_config("openes-64", None), pop_size=512)
     if row != "cemrl-pendulum":
@@ -53,7 +63,7 @@ def workflow_config(row: str):
     return dataclasses.replace(chip_bench.workflow_config("cemrl-halfcheetah", None), env=pendulum)
 
 
-def child(row: str, seeds: int, generations: int) -> dict:
+def child(row: str, seeds: int, generations: int, profile: bool) -> dict:
     """Throughput and memory of one (row, seeds); see the module docstring."""
     import jax
     import numpy as np
@@ -78,6 +88,15 @@ def child(row: str, seeds: int, generations: int) -> dict:
         done_generations += int(done)  # syncs, as the trainer's fetch of the metrics does
     elapsed = time.perf_counter() - start
     steps = int(np.sum(state.env_steps)) - before
+    busiest = None
+    if profile:  # one generation's device ops
+        trace_dir = tempfile.mkdtemp(prefix="seeds-bench-trace-")
+        jax.profiler.start_trace(trace_dir)
+        state, _, _ = jax.block_until_ready(fns.steps(state, *one))
+        jax.profiler.stop_trace()
+        ops = device_ops(trace_dir)
+        busiest = ops and {"categories": category_ms(ops), "top_ops": top_ops(ops)}
+        shutil.rmtree(trace_dir, ignore_errors=True)
     stats = jax.devices()[0].memory_stats() or {}
     return {
         "env_steps_per_s": steps / elapsed,
@@ -89,6 +108,7 @@ def child(row: str, seeds: int, generations: int) -> dict:
         "host_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "chunk": count,
         "device": f"{jax.devices()[0].platform} {jax.devices()[0].device_kind}",
+        "busiest": busiest,
     }
 
 
@@ -112,10 +132,15 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 8], help="seed counts")
     parser.add_argument("--generations", type=int, default=20, help="timed generations")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per process")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="trace one generation of each run and print its busiest device ops (TPU, GPU)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.rows[0], args.seeds[0], args.generations)))
+        print(json.dumps(child(args.rows[0], args.seeds[0], args.generations, args.profile)))
         return
 
     print(f"load {load():.2f}, {args.generations} timed generations per run")
@@ -123,12 +148,13 @@ def main(argv=None) -> None:
         "row", "seeds", "device", "gen/s", "env steps/s", "x", "state KiB", "per seed",
         "device peak MiB", "per seed", "host peak MiB", "per seed",
     )  # fmt: skip
+    busiest = []
     for row in args.rows:
         first = None
         for seeds in args.seeds:
             command = child_command(
                 __spec__.name, "--rows", row, "--seeds", str(seeds),
-                "--generations", str(args.generations),
+                "--generations", str(args.generations), *(["--profile"] if args.profile else []),
             )  # fmt: skip
             result = {**run_children([command], timeout=args.timeout), "seeds": seeds}
             first = first or result
@@ -140,6 +166,10 @@ def main(argv=None) -> None:
                 _amount(result["device_peak_mib"]), _per_seed(result, first, "device_peak_mib"),
                 _amount(result["host_peak_mib"]), _per_seed(result, first, "host_peak_mib"),
             )  # fmt: skip
+            busiest.append((f"{row}, {seeds} seeds", result["busiest"]))
+    for title, ops in busiest:
+        if ops:
+            chip_bench.print_busiest(title, ops)
 
 
 if __name__ == "__main__":
