@@ -83,6 +83,34 @@ def flatten_leading(tree: Any, num_axes: int) -> Any:
     return jax.tree.map(lambda x: x.reshape((-1, *x.shape[num_axes:])), tree)
 
 
+def members_call(fn: Callable[..., Array]) -> Callable[..., Array]:
+    """`fn`, a function over members (every argument leads with the population axis `[N, ...]`,
+    its result `[N, ...]`), that vmapped once more (the seeds axis of `Workflow.seeds`) folds
+    that outer axis into the population: it calls `fn` once on `[N * S, ...]` instead of
+    batching it to `[S, N, ...]`. On a TPU the per-member matmuls of a policy batched `[S, N]`
+    ran as multiply-reduce fusions 50-70x slower than the same members in one batch
+    (`benchmarks/seeds_bench.py --profile`). The fold is member-major (`[N, S]`), so a
+    population sharded over devices stays where it is; the values are the same."""
+
+    @jax.custom_batching.custom_vmap
+    def call(*args):
+        return fn(*args)
+
+    @call.def_vmap
+    def folded(axis_size: int, in_batched, *args):
+        def fold(x: Array, batched: bool) -> Array:
+            x = x if batched else jnp.broadcast_to(x, (axis_size, *x.shape))
+            return jnp.swapaxes(x, 0, 1).reshape((-1, *x.shape[2:]))  # [N * S, ...]
+
+        def unfold(y: Array) -> Array:  # [N * S, ...] -> [S, N, ...]
+            return jnp.swapaxes(y.reshape((-1, axis_size, *y.shape[1:])), 0, 1)
+
+        out = fn(*jax.tree.map(fold, list(args), list(in_batched)))
+        return jax.tree.map(unfold, out), jax.tree.map(lambda _: True, out)
+
+    return call
+
+
 @dataclasses.dataclass(frozen=True)
 class PopulationRollout:
     """Plays `env.num_envs` episodes (K) for every member of a population of actors.
@@ -131,15 +159,17 @@ class PopulationRollout:
             empty = init_running_stats(self.env.obs_dim)
             seen = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_members, *x.shape)), empty)
 
+        policy, act = members_call(jax.vmap(self.policy)), members_call(jax.vmap(self.act))
+
         def one_step(carry, step_key: Array):
             state, seen = carry
             obs = state.obs  # [N, K, obs] raw
             policy_obs = obs if obs_stats is None else normalize_obs(obs_stats, obs)
             if noise_std is None:
-                action = jax.vmap(self.policy)(params, policy_obs)  # [N, K, act]
+                action = policy(params, policy_obs)  # [N, K, act]
             else:
                 noise = jax.random.normal(step_key, (*obs.shape[:-1], self.env.action_dim))
-                action = jax.vmap(self.act)(params, policy_obs, noise, noise_std)
+                action = act(params, policy_obs, noise, noise_std)
             nxt = jax.vmap(self.env.step)(state, action)
             valid = 1.0 - nxt.info["frozen"]  # [N, K]: obs was acted on in a live episode
             if seen is not None:
