@@ -406,3 +406,35 @@ def test_td3_learns_pendulum():
     print(f"pendulum TD3 curve (env steps, mean eval return): {curve} in {elapsed:.0f}s")
     assert curve[0][1] < -900  # the untrained actor is bad, as a random policy (~ -1200)
     assert curve[-1][1] > -400, curve
+
+
+def test_vmapped_update_many_steps_the_actors_on_a_static_schedule():
+    """With the actor interval dividing the update count, `update_many` decides the actor steps
+    at trace time (`scan_updates`): no `lax.cond`, which under the vmap of K agents or of seeds
+    computed the actor step every time. The numbers are the step-count schedule's."""
+    td3 = _td3(actor_update_interval=2)
+    buf = ReplayBuffer(capacity=64, sample_batch_size=8)
+    example = jax.tree.map(lambda x: x[0], random_batch(jax.random.key(0), n=1))
+    buffer_state = buf.add(buf.init(example), random_batch(jax.random.key(1), n=40))
+    states = jax.vmap(td3.init)(jax.random.split(jax.random.key(2), 3))
+    keys = jax.random.split(jax.random.key(3), 3)
+
+    def static(state, key):
+        return td3.update_many(state, buffer_state, buf, key, 10)
+
+    def by_step_count(state, key):  # every step decided by `update` from the step count
+        def body(state, step_key):
+            sample_key, update_key = jax.random.split(step_key)
+            return td3.update(state, buf.sample(buffer_state, sample_key), update_key)
+
+        state, metrics = jax.lax.scan(body, state, jax.random.split(key, 10))
+        return state, jax.tree.map(lambda x: jnp.mean(x, axis=0), metrics)
+
+    one, key = jax.tree.map(lambda x: x[0], states), keys[0]
+    assert "cond" not in str(jax.make_jaxpr(static)(one, key))  # nothing for vmap to select
+    assert "cond" in str(jax.make_jaxpr(by_step_count)(one, key))
+    expected, got = jax.vmap(by_step_count)(states, keys), jax.jit(jax.vmap(static))(states, keys)
+    for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    odd = jax.make_jaxpr(lambda s, k: td3.update_many(s, buffer_state, buf, k, 9))
+    assert "cond" in str(odd(one, key))  # 2 does not divide 9: decided from the step count

@@ -13,7 +13,8 @@ every agent:
   which the learner vmaps; the state exposes the actor's parameters as `state.actor.params`;
 * K actors, one critic (CEM-RL): `init_critic(key)` (everything the actors share),
   `actor_state_from_params(params)` (wraps a population member for training; `.params` reads
-  it back) and `shared_update(critic, actors, step, batches, key)`, one gradient step of the
+  it back) and `shared_update(critic, actors, step, batches, key, actor_step)`, one gradient
+  step (`actor_step` and `actor_period`: `scan_updates`) of the
   critic side and of the K actors (leaves `[K, ...]`) on their K batches. Its metrics include
   `actor_loss` and `actor_updated` (0/1: whether the actors took a step, TD3 delays them);
 * K agents with their own hyperparameters (PBT): `hyperparameters` names what may vary per
@@ -45,6 +46,7 @@ __all__ = [
     "adam",
     "additive_noise",
     "apply_gradients",
+    "scan_updates",
     "soft_update",
     "with_learning_rate",
 ]
@@ -90,9 +92,48 @@ class Agent(Protocol):
 
     def actor_state_from_params(self, params: Params) -> Any: ...
 
+    @property
+    def actor_period(self) -> int: ...
+
     def shared_update(
-        self, critic: Any, actors: Any, step: Array, batches: Transition, key: Array
+        self,
+        critic: Any,
+        actors: Any,
+        step: Array,
+        batches: Transition,
+        key: Array,
+        actor_step: bool | None = None,
     ) -> tuple[Any, Any, Metrics]: ...
+
+
+def scan_updates(
+    update: Callable[[Any, Array, bool | None], tuple[Any, Metrics]],
+    carry: Any,
+    keys: Array,
+    period: int,
+) -> tuple[Any, Metrics]:
+    """`update(carry, key, actor_step)` once per key of `keys` `[U, ...]`, as one `lax.scan`;
+    the metrics stacked `[U, ...]`.
+
+    An agent whose actors step once every `period` critic steps (TD3) decides from its step
+    count with a `lax.cond`, which under a `vmap` (ERL's K agents, a run's seeds) becomes a
+    select: the actor step computed on every step and dropped on most. When `period` divides
+    U, the steps run instead in blocks of `period` whose last takes the actor step, decided
+    here (`actor_step` True/False): the same schedule, since the carried step count is a
+    multiple of U (hence of `period`) whenever the learners call this (a generation trains all
+    U steps or none). Otherwise `actor_step` is None and the agent decides."""
+    count = keys.shape[0]
+    if period <= 1 or count % period:
+        return jax.lax.scan(lambda c, k: update(c, k, None), carry, keys)
+
+    def block(carry, block_keys):  # [period, ...]
+        carry, critic_only = jax.lax.scan(lambda c, k: update(c, k, False), carry, block_keys[:-1])
+        carry, last = update(carry, block_keys[-1], True)
+        return carry, jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), critic_only, last)
+
+    blocks = keys.reshape(count // period, period, *keys.shape[1:])
+    carry, metrics = jax.lax.scan(block, carry, blocks)
+    return carry, jax.tree.map(lambda m: m.reshape(count, *m.shape[2:]), metrics)
 
 
 def additive_noise(action: Array, noise: Array, scale: Array) -> Array:
@@ -214,7 +255,15 @@ class ActorCritic:
         loss = jnp.sum(jnp.mean(jnp.square(q - target_q[None]), axis=-1))
         return loss, jnp.mean(q)
 
-    def update(self, state: Any, batch: Transition, key: Array) -> tuple[Any, Metrics]:
+    @property
+    def actor_period(self) -> int:
+        """Critic steps per actor step (`scan_updates`); 1: the actor steps every time."""
+        return 1
+
+    def update(
+        self, state: Any, batch: Transition, key: Array, actor_step: bool | None = None
+    ) -> tuple[Any, Metrics]:
+        """One gradient step; `actor_step` as `scan_updates` passes it."""
         raise NotImplementedError
 
     def update_many(
@@ -232,12 +281,13 @@ class ActorCritic:
         Runs as one `lax.scan`; returns the final state and the metrics averaged over the steps.
         """
 
-        def body(state, step_key):
+        def body(state, step_key, actor_step):
             sample_key, update_key = jax.random.split(step_key)
             batch = buffer.sample(buffer_state, sample_key)
             if prepare is not None:
                 batch = prepare(batch)
-            return self.update(state, batch, update_key)
+            return self.update(state, batch, update_key, actor_step)
 
-        state, metrics = jax.lax.scan(body, state, jax.random.split(key, num_updates))
+        keys = jax.random.split(key, num_updates)
+        state, metrics = scan_updates(body, state, keys, self.actor_period)
         return state, jax.tree.map(lambda x: jnp.mean(x, axis=0), metrics)

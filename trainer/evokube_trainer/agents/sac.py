@@ -308,13 +308,16 @@ class SAC(ActorCritic):
 
     # ---- full steps ---------------------------------------------------------------------------
 
-    def update(self, state: SACState, batch: Transition, key: Array) -> tuple[SACState, Metrics]:
+    def update(
+        self, state: SACState, batch: Transition, key: Array, actor_step: bool | None = None
+    ) -> tuple[SACState, Metrics]:
         """One SAC gradient step on `batch` (leaves `[B, ...]`): critic, actor (against the new
-        critic), temperature, critic target.
+        critic), temperature, critic target. `actor_step` is unused: the actor steps every time.
 
         Metrics: critic_loss, q_mean, target_q_mean, actor_loss, entropy (-mean log pi of the
         actor step's samples), alpha (after the step), alpha_loss.
         """
+        del actor_step
         critic_key, actor_key = jax.random.split(key)
         critic, metrics = self.critic_update(state.critic, state.actor.params, batch, critic_key)
         actor, log_prob, actor_metrics = self.actor_update(state.actor, critic, batch, actor_key)
@@ -330,6 +333,7 @@ class SAC(ActorCritic):
         step: Array,
         batches: Transition,
         key: Array,
+        actor_step: bool | None = None,
     ) -> tuple[SoftCriticState, SACActorState, Metrics]:
         """One CEM-RL step: K actors (leaves `[K, ...]`) and one critic, batch k for actor k.
 
@@ -338,7 +342,7 @@ class SAC(ActorCritic):
         function), then the critic target. `step` is unused: SAC updates the actors every step.
         Metrics as `update`'s, actor_loss and entropy averaged over actors, actor_updated 1.
         """
-        del step
+        del step, actor_step
         num_actors = jax.tree.leaves(batches)[0].shape[0]
         critic_key, actor_key = jax.random.split(key)
         critic, metrics = self.shared_critic_update(critic, actors.params, batches, critic_key)

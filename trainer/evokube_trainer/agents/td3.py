@@ -280,17 +280,21 @@ class TD3(ActorCritic):
         target_params = soft_update(state.target_params, state.params, self.config.tau)
         return dataclasses.replace(state, target_params=target_params)
 
+    @property
+    def actor_period(self) -> int:
+        return self.config.actor_update_interval
+
     def update(
-        self, state: TD3State, batch: Transition, key: Array
+        self, state: TD3State, batch: Transition, key: Array, actor_step: bool | None = None
     ) -> tuple[TD3State, dict[str, Array]]:
-        """One TD3 gradient step on `batch` (leaves `[B, ...]`).
+        """One TD3 gradient step on `batch` (leaves `[B, ...]`); the actor steps when
+        `actor_step`, or, None, every `actor_update_interval` steps of the step count.
 
         Metrics: critic_loss, q_mean, target_q_mean, actor_loss (the current actor loss, also
         reported on steps without an actor update) and actor_updated (0/1).
         """
         critic, metrics = self.critic_update(state.critic, state.actor.target_params, batch, key)
         step = state.step + 1
-        do_actor = step % self.config.actor_update_interval == 0
 
         def with_actor(actor, critic):
             actor, actor_metrics = self.actor_update(actor, critic.params, batch)
@@ -303,9 +307,15 @@ class TD3(ActorCritic):
         def without_actor(actor, critic):
             return actor, critic, self.actor_loss(actor.params, critic.params, batch.obs)
 
-        actor, critic, actor_loss = jax.lax.cond(
-            do_actor, with_actor, without_actor, state.actor, critic
-        )
+        do_actor = step % self.config.actor_update_interval == 0
+        if actor_step is None:
+            actor, critic, actor_loss = jax.lax.cond(
+                do_actor, with_actor, without_actor, state.actor, critic
+            )
+        else:
+            do_actor = jnp.asarray(actor_step)
+            branch = with_actor if actor_step else without_actor
+            actor, critic, actor_loss = branch(state.actor, critic)
         metrics = {
             **metrics,
             "actor_loss": actor_loss,
@@ -320,16 +330,17 @@ class TD3(ActorCritic):
         step: Array,
         batches: Transition,
         key: Array,
+        actor_step: bool | None = None,
     ) -> tuple[CriticState, ActorState, dict[str, Array]]:
         """One CEM-RL step: K actors (leaves `[K, ...]`) and one critic, batch k for actor k.
 
         `step` counts the critic steps taken before this one. The critic steps on the mean of
-        the K per-actor losses; every `actor_update_interval` steps each actor also takes a
-        policy-gradient step against the new critic, then every target is soft-updated.
-        Metrics as `update`'s; actor_loss is the mean over actors, 0 when they did not step.
+        the K per-actor losses; when `actor_step` (None: every `actor_update_interval` steps of
+        `step`) each actor also takes a policy-gradient step against the new critic, then
+        every target is soft-updated. Metrics as `update`'s; actor_loss is the mean over
+        actors, 0 when they did not step.
         """
         critic, metrics = self.shared_critic_update(critic, actors.target_params, batches, key)
-        do_actors = (step + 1) % self.config.actor_update_interval == 0
 
         def with_actors(critic, actors):
             actors, actor_metrics = jax.vmap(self.actor_update, in_axes=(0, None, 0))(
@@ -341,9 +352,15 @@ class TD3(ActorCritic):
         def without_actors(critic, actors):
             return critic, actors, jnp.zeros((), jnp.float32)
 
-        critic, actors, actor_loss = jax.lax.cond(
-            do_actors, with_actors, without_actors, critic, actors
-        )
+        if actor_step is None:
+            do_actors = (step + 1) % self.config.actor_update_interval == 0
+            critic, actors, actor_loss = jax.lax.cond(
+                do_actors, with_actors, without_actors, critic, actors
+            )
+        else:
+            do_actors = jnp.asarray(actor_step)
+            branch = with_actors if actor_step else without_actors
+            critic, actors, actor_loss = branch(critic, actors)
         metrics = {
             **metrics,
             "actor_loss": actor_loss,

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from evokube_trainer.agents import Agent
+from evokube_trainer.agents.base import scan_updates
 from evokube_trainer.ec import replace_worst
 from evokube_trainer.envs import RunningStats, normalize_obs
 from evokube_trainer.replay import ReplayBuffer, ReplayState, Transition
@@ -224,18 +225,20 @@ class SharedCritic:
         params = jax.vmap(self.unflatten)(population[:k])  # leaves [K, ...]
         actors = jax.vmap(agent.actor_state_from_params)(params)
 
-        def one_update(carry, step_key):
+        def one_update(carry, step_key, actor_step):
             critic, actors, step = carry
             sample_key, update_key = jax.random.split(step_key)
             sample_keys = jax.random.split(sample_key, k)
             batches = jax.vmap(self.buffer.sample, in_axes=(None, 0))(replay, sample_keys)  # [K, B]
             batches = normalized_batch(batches, obs_stats)
-            critic, actors, metrics = agent.shared_update(critic, actors, step, batches, update_key)
+            critic, actors, metrics = agent.shared_update(
+                critic, actors, step, batches, update_key, actor_step
+            )
             return (critic, actors, step + 1), metrics
 
         def train(carry):
             keys = jax.random.split(key, self.num_updates)
-            carry, metrics = jax.lax.scan(one_update, carry, keys)
+            carry, metrics = scan_updates(one_update, carry, keys, agent.actor_period)
             updated = metrics.pop("actor_updated")  # [U] 0/1
             summary = jax.tree.map(jnp.mean, metrics)
             # The actor loss averaged over the steps that really updated the actors.
