@@ -135,12 +135,13 @@ def child(args: argparse.Namespace) -> None:
         def close(self) -> None:
             pass
 
-    train(
-        run_config(args.rows[0], args.backend, args.stop_at),
-        checkpoint_dir=args.checkpoint_dir,
-        recorders=[FirstGeneration()],
-    )
-    report = {"first_generation_at": first[0]}
+    if args.stop_at:  # 0: the throughput alone (--throughput-only)
+        train(
+            run_config(args.rows[0], args.backend, args.stop_at),
+            checkpoint_dir=args.checkpoint_dir,
+            recorders=[FirstGeneration()],
+        )
+    report = {"first_generation_at": first[0] if first else None}
     if args.throughput:
         report.update(throughput(args.rows[0], args))
     print(json.dumps(report))
@@ -254,7 +255,8 @@ def spawn(row: str, directory: str, stop_at: int, args, throughput: bool = False
     if done.returncode:
         raise RuntimeError(f"{row} exited {done.returncode}; its log: {log}")
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    report["spawn_to_first_s"] = report["first_generation_at"] - spawned
+    first = report["first_generation_at"]
+    report["spawn_to_first_s"] = None if first is None else first - spawned
     print(f"# {row}, life {stop_at}: {json.dumps(report)}", flush=True)
     return report
 
@@ -270,6 +272,12 @@ def main(argv=None) -> None:
         "--no-restarts",
         action="store_true",
         help="one process a row: its first start, then throughput (no restart columns)",
+    )
+    parser.add_argument(
+        "--throughput-only",
+        action="store_true",
+        help="one process a row, throughput alone: no trainer life (a Brax row's first start"
+        " compiles the trainer's programs, and the throughput compiles its own again)",
     )
     parser.add_argument(
         "--no-profile",
@@ -291,7 +299,9 @@ def main(argv=None) -> None:
     for row in args.rows:
         directory = tempfile.mkdtemp(prefix=f"chip-bench-{row}-")
         try:
-            if args.no_restarts:
+            if args.throughput_only:
+                first = warm = cold = spawn(row, directory, 0, args, throughput=True)
+            elif args.no_restarts:
                 first = warm = cold = spawn(row, directory, 1, args, throughput=True)
             else:
                 first = spawn(row, directory, 1, args)
@@ -330,7 +340,7 @@ def main(argv=None) -> None:
             f"{cold['trainer_gen_per_s']:.3g}",
             f"{cold['trainer_gen_per_s'] / EVORL_GEN_PER_S[row]:.2f}",
             f"{cold['env_steps_per_s']:,.0f}",
-            f"{first['spawn_to_first_s']:.1f}",
+            "-" if first["spawn_to_first_s"] is None else f"{first['spawn_to_first_s']:.1f}",
             *restarts,
         )
     print()
