@@ -4,6 +4,7 @@ compiling; anything that changes the program, or a file that does not load, comp
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -115,4 +116,7 @@ def test_a_resumed_run_loads_its_programs_and_trains_as_one_run(tmp_path):
     run(tmp_path / "resumed", 6)
     log = (resumed / "logs" / "process-0.log").read_text()
     assert "loaded the compiled steps" in log and "loaded the compiled evaluate" in log
+    # A warm start says where its seconds went before the programs (issue 23's restarts).
+    assert re.search(r"open [\d.]+ s after the process started", log), log
+    assert re.search(r"started in [\d.]+ s: .* checkpoint restored [\d.]+ s", log), log
     assert history(resumed) == history(run(tmp_path / "whole", 6))

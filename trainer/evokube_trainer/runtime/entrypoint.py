@@ -49,6 +49,17 @@ def main() -> int:
         return exitcodes.RETRIABLE
 
 
+def process_age_s() -> float:
+    """Seconds since this process started (Linux's /proc; NaN elsewhere): a restart's imports
+    and device start-up, which happen before any of the trainer's own timers."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            started_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+            return float(uptime.read().split()[0]) - started_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
 def write_termination_message(reason: str) -> None:
     """Put `reason` where the kubelet reads the container's termination message (the operator
     copies it into the experiment's status), so it is not lost among later log lines. Outside a
@@ -111,12 +122,13 @@ def _run(log: logging.Logger) -> int:
     flags.install()
     devices = jax.devices()
     log.info(
-        "process %d of %d: %d %s device(s) in all (%s)",
+        "process %d of %d: %d %s device(s) in all (%s), open %.1f s after the process started",
         inputs.process_id,
         jax.process_count(),
         len(devices),
         devices[0].platform,
         devices[0].device_kind,
+        process_age_s(),
     )
     try:
         outcome = train(

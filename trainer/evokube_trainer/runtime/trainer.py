@@ -303,6 +303,7 @@ def train(
     """
     from evokube_trainer.workflows import DeviceLayout, StopAt, jit_workflow, make_workflow
 
+    started = time.perf_counter()
     if checkpoint_dir:
         objectstore.prepare(checkpoint_dir)  # a bucket: its libraries, endpoint and access
         enable_compilation_cache(os.path.join(checkpoint_dir, XLA_CACHE_SUBDIR))
@@ -318,10 +319,12 @@ def train(
         metrics.serve(metrics_port)
 
     layout = DeviceLayout.over_all_devices(slices) if jax.device_count() > 1 else None
+    backend_ready = time.perf_counter()  # the devices opened (the first JAX call above)
     workflow = make_workflow(config.workflow, layout, config.seeds)
+    workflow_built = time.perf_counter()
     fns = jit_workflow(workflow, donate=True)  # learn keeps only the newest state
     key = workflow.root_key(config.seed)
-    checkpointer = state = None
+    checkpointer = state = restored = None
     record = _layout_record(config)
     if checkpoint_dir:
         checkpointer = Checkpointer(
@@ -335,6 +338,15 @@ def train(
             log.info("resumed from checkpoint at generation %d", generation)
     if state is None:
         state = fns.init(key)
+    # Where a (warm) start goes before its programs are loaded or compiled (logged apart).
+    log.info(
+        "started in %.1f s: devices and bucket %.1f s, workflow (envs) %.1f s, %s %.1f s",
+        time.perf_counter() - started,
+        backend_ready - started,
+        workflow_built - backend_ready,
+        "checkpoint restored" if restored is not None else "state initialized",
+        time.perf_counter() - workflow_built,
+    )
     stop_at = StopAt.of(config.max_env_steps, config.target_fitness)
     if checkpoint_dir:
         fns = _stored_programs(workflow, fns, state, stop_at, config, checkpoint_dir)
