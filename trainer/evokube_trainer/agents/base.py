@@ -43,6 +43,7 @@ from evokube_trainer.replay import ReplayBuffer, ReplayState, Transition
 __all__ = [
     "ActorCritic",
     "Agent",
+    "actor_branch",
     "adam",
     "additive_noise",
     "apply_gradients",
@@ -134,6 +135,22 @@ def scan_updates(
     blocks = keys.reshape(count // period, period, *keys.shape[1:])
     carry, metrics = jax.lax.scan(block, carry, blocks)
     return carry, jax.tree.map(lambda m: m.reshape(count, *m.shape[2:]), metrics)
+
+
+def actor_branch(
+    actor_step: bool | None,
+    due: Array,
+    with_actor: Callable[..., Any],
+    without_actor: Callable[..., Any],
+    *operands: Any,
+) -> tuple[Any, Array]:
+    """`with_actor(*operands)` or `without_actor(*operands)`, and whether the actor stepped
+    `[]` bool: as `actor_step` says when `scan_updates` fixed it at trace time, else (None) as
+    `due` says, a traced bool of the step count, through a `lax.cond`."""
+    if actor_step is None:
+        return jax.lax.cond(due, with_actor, without_actor, *operands), due
+    branch = with_actor if actor_step else without_actor
+    return branch(*operands), jnp.asarray(actor_step)
 
 
 def additive_noise(action: Array, noise: Array, scale: Array) -> Array:

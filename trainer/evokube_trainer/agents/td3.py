@@ -53,7 +53,13 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from evokube_trainer.agents.base import ActorCritic, additive_noise, apply_gradients, soft_update
+from evokube_trainer.agents.base import (
+    ActorCritic,
+    actor_branch,
+    additive_noise,
+    apply_gradients,
+    soft_update,
+)
 from evokube_trainer.agents.networks import Actor, deterministic_policy
 from evokube_trainer.replay import Transition
 
@@ -307,15 +313,10 @@ class TD3(ActorCritic):
         def without_actor(actor, critic):
             return actor, critic, self.actor_loss(actor.params, critic.params, batch.obs)
 
-        do_actor = step % self.config.actor_update_interval == 0
-        if actor_step is None:
-            actor, critic, actor_loss = jax.lax.cond(
-                do_actor, with_actor, without_actor, state.actor, critic
-            )
-        else:
-            do_actor = jnp.asarray(actor_step)
-            branch = with_actor if actor_step else without_actor
-            actor, critic, actor_loss = branch(state.actor, critic)
+        due = step % self.config.actor_update_interval == 0
+        (actor, critic, actor_loss), do_actor = actor_branch(
+            actor_step, due, with_actor, without_actor, state.actor, critic
+        )
         metrics = {
             **metrics,
             "actor_loss": actor_loss,
@@ -352,15 +353,10 @@ class TD3(ActorCritic):
         def without_actors(critic, actors):
             return critic, actors, jnp.zeros((), jnp.float32)
 
-        if actor_step is None:
-            do_actors = (step + 1) % self.config.actor_update_interval == 0
-            critic, actors, actor_loss = jax.lax.cond(
-                do_actors, with_actors, without_actors, critic, actors
-            )
-        else:
-            do_actors = jnp.asarray(actor_step)
-            branch = with_actors if actor_step else without_actors
-            critic, actors, actor_loss = branch(critic, actors)
+        due = (step + 1) % self.config.actor_update_interval == 0
+        (critic, actors, actor_loss), do_actors = actor_branch(
+            actor_step, due, with_actors, without_actors, critic, actors
+        )
         metrics = {
             **metrics,
             "actor_loss": actor_loss,
