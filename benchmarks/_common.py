@@ -13,6 +13,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -130,6 +132,38 @@ def device_ops(trace_dir: str) -> list[dict] | None:
             }
         )
     return ops or None
+
+
+def traced(call: Callable[[], Any]) -> tuple[Any, list[dict] | None, float]:
+    """Run `call` once under a `jax.profiler` trace, blocking on its result: the result, its
+    device ops (`device_ops`) and the wall seconds it took."""
+    import jax
+
+    trace_dir = tempfile.mkdtemp(prefix="evokube-trace-")
+    try:
+        jax.profiler.start_trace(trace_dir)
+        start = time.perf_counter()
+        result = jax.block_until_ready(call())
+        wall_s = time.perf_counter() - start
+        jax.profiler.stop_trace()
+        return result, device_ops(trace_dir), wall_s
+    finally:
+        shutil.rmtree(trace_dir, ignore_errors=True)
+
+
+def busiest(ops: list[dict] | None) -> dict | None:
+    """A traced program's device time by HLO category and its busiest ops (as
+    `print_busiest` prints them); None without device ops."""
+    return {"categories": category_ms(ops), "top_ops": top_ops(ops)} if ops else None
+
+
+def print_busiest(title: str, summary: dict) -> None:
+    """`busiest`'s summary as a line of categories and a Markdown table of ops."""
+    print(f"\n{title}: device ms of one generation by category:", end=" ")
+    print(", ".join(f"{name} {ms:.2f}" for name, ms in summary["categories"].items()))
+    print_header("op", "category", "calls", "ms", "scope")
+    for op in summary["top_ops"]:
+        print_row(op["name"], op["category"], op["calls"], f"{op['ms']:.3f}", op["scope"][-90:])
 
 
 def top_ops(ops: list[dict], count: int = 12) -> list[dict]:

@@ -45,12 +45,12 @@ import time
 
 from benchmarks._common import (
     REPO,
-    category_ms,
-    device_ops,
+    busiest,
     load,
+    print_busiest,
     print_header,
     print_row,
-    top_ops,
+    traced,
 )
 from evokube_contract import EXECUTABLES_SUBDIR, XLA_CACHE_SUBDIR
 
@@ -176,20 +176,11 @@ def throughput(row: str, args: argparse.Namespace) -> dict:
     elapsed = time.perf_counter() - start
     steps = int(state.env_steps) - before
 
-    parts, busiest = None, None
+    parts, summary = None, None
     if args.profile:
         # One generation: a Brax generation alone is millions of traced kernels.
-        trace_dir = tempfile.mkdtemp(prefix="chip-bench-trace-")
-        jax.profiler.start_trace(trace_dir)
-        traced_start = time.perf_counter()
-        state, _, _ = jax.block_until_ready(fns.steps(state, *one))
-        traced_s = time.perf_counter() - traced_start
-        jax.profiler.stop_trace()
-        ops = device_ops(trace_dir)
-        parts = profile_parts(ops, traced_s)
-        if ops:
-            busiest = {"categories": category_ms(ops), "top_ops": top_ops(ops)}
-        shutil.rmtree(trace_dir, ignore_errors=True)
+        (state, _, _), ops, traced_s = traced(lambda: fns.steps(state, *one))
+        parts, summary = profile_parts(ops, traced_s), busiest(ops)
     return {
         "step_gen_per_s": 1.0 / step_gen_s,
         "trainer_gen_per_s": generations / elapsed,
@@ -198,7 +189,7 @@ def throughput(row: str, args: argparse.Namespace) -> dict:
         "platform": jax.devices()[0].platform,
         "device_kind": jax.devices()[0].device_kind,
         "parts_ms": parts,
-        "busiest": busiest,
+        "busiest": summary,
     }
 
 
@@ -355,15 +346,6 @@ def main(argv=None) -> None:
         if cold["busiest"]:
             print_busiest(row, cold["busiest"])
     print(f"# load average at end {load():.2f}")
-
-
-def print_busiest(title: str, busiest: dict) -> None:
-    """A traced generation's device time by HLO category and its busiest ops."""
-    print(f"\n{title}: device ms of one generation by category:", end=" ")
-    print(", ".join(f"{name} {ms:.2f}" for name, ms in busiest["categories"].items()))
-    print_header("op", "category", "calls", "ms", "scope")
-    for op in busiest["top_ops"]:
-        print_row(op["name"], op["category"], op["calls"], f"{op['ms']:.3f}", op["scope"][-90:])
 
 
 if __name__ == "__main__":

@@ -27,20 +27,18 @@ import argparse
 import dataclasses
 import json
 import resource
-import shutil
-import tempfile
 import time
 
 from benchmarks import chip_bench
 from benchmarks._common import (
-    category_ms,
+    busiest,
     child_command,
-    device_ops,
     load,
+    print_busiest,
     print_header,
     print_row,
     run_children,
-    top_ops,
+    traced,
 )
 
 ROWS = {
@@ -88,15 +86,10 @@ def child(row: str, seeds: int, generations: int, profile: bool) -> dict:
         done_generations += int(done)  # syncs, as the trainer's fetch of the metrics does
     elapsed = time.perf_counter() - start
     steps = int(np.sum(state.env_steps)) - before
-    busiest = None
+    summary = None
     if profile:  # one generation's device ops
-        trace_dir = tempfile.mkdtemp(prefix="seeds-bench-trace-")
-        jax.profiler.start_trace(trace_dir)
-        state, _, _ = jax.block_until_ready(fns.steps(state, *one))
-        jax.profiler.stop_trace()
-        ops = device_ops(trace_dir)
-        busiest = ops and {"categories": category_ms(ops), "top_ops": top_ops(ops)}
-        shutil.rmtree(trace_dir, ignore_errors=True)
+        (state, _, _), ops, _ = traced(lambda: fns.steps(state, *one))
+        summary = busiest(ops)
     stats = jax.devices()[0].memory_stats() or {}
     return {
         "env_steps_per_s": steps / elapsed,
@@ -108,7 +101,7 @@ def child(row: str, seeds: int, generations: int, profile: bool) -> dict:
         "host_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "chunk": count,
         "device": f"{jax.devices()[0].platform} {jax.devices()[0].device_kind}",
-        "busiest": busiest,
+        "busiest": summary,
     }
 
 
@@ -148,7 +141,7 @@ def main(argv=None) -> None:
         "row", "seeds", "device", "gen/s", "env steps/s", "x", "state KiB", "per seed",
         "device peak MiB", "per seed", "host peak MiB", "per seed",
     )  # fmt: skip
-    busiest = []
+    profiles = []
     for row in args.rows:
         first = None
         for seeds in args.seeds:
@@ -166,10 +159,10 @@ def main(argv=None) -> None:
                 _amount(result["device_peak_mib"]), _per_seed(result, first, "device_peak_mib"),
                 _amount(result["host_peak_mib"]), _per_seed(result, first, "host_peak_mib"),
             )  # fmt: skip
-            busiest.append((f"{row}, {seeds} seeds", result["busiest"]))
-    for title, ops in busiest:
-        if ops:
-            chip_bench.print_busiest(title, ops)
+            profiles.append((f"{row}, {seeds} seeds", result["busiest"]))
+    for title, summary in profiles:
+        if summary:
+            print_busiest(title, summary)
 
 
 if __name__ == "__main__":
