@@ -319,7 +319,9 @@ def train(
         metrics.serve(metrics_port)
 
     layout = DeviceLayout.over_all_devices(slices) if jax.device_count() > 1 else None
-    backend_ready = time.perf_counter()  # the devices opened (the first JAX call above)
+    # Set up: the bucket, the metrics, and the devices where nothing opened them before (the
+    # entrypoint logs when it did).
+    set_up = time.perf_counter()
     workflow = make_workflow(config.workflow, layout, config.seeds)
     workflow_built = time.perf_counter()
     fns = jit_workflow(workflow, donate=True)  # learn keeps only the newest state
@@ -340,10 +342,10 @@ def train(
         state = fns.init(key)
     # Where a (warm) start goes before its programs are loaded or compiled (logged apart).
     log.info(
-        "started in %.1f s: devices and bucket %.1f s, workflow (envs) %.1f s, %s %.1f s",
+        "started in %.1f s: set-up %.1f s, workflow (envs) %.1f s, %s %.1f s",
         time.perf_counter() - started,
-        backend_ready - started,
-        workflow_built - backend_ready,
+        set_up - started,
+        workflow_built - set_up,
         "checkpoint restored" if restored is not None else "state initialized",
         time.perf_counter() - workflow_built,
     )
