@@ -50,20 +50,15 @@ def api(cluster):
     client.close()
 
 
-def fresh_namespace(api, slug: str) -> str:
+def fresh_namespace(cluster: ControlPlane, api, slug: str) -> str:
     """A new namespace `<slug>-<random>`, once its default ServiceAccount is there."""
     from kubernetes import client
 
-    core = client.CoreV1Api(api)
     name = f"{re.sub(r'[^a-z0-9-]', '-', slug.lower())[:40].strip('-')}-{uuid.uuid4().hex[:6]}"
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-
-    def default_sa_exists():
-        return any(
-            sa.metadata.name == "default" for sa in core.list_namespaced_service_account(name).items
-        )
-
-    wait_until(default_sa_exists, 30, f"the default ServiceAccount in {name}")
+    client.CoreV1Api(api).create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=name))
+    )
+    cluster.wait_for_default_account(name)
     return name
 
 
@@ -72,7 +67,7 @@ def namespace(cluster, api, request) -> str:
     """A fresh namespace for one test, with its default ServiceAccount ready."""
     from kubernetes import client
 
-    name = fresh_namespace(api, request.node.name)
+    name = fresh_namespace(cluster, api, request.node.name)
     yield name
     client.CoreV1Api(api).delete_namespace(name)
 
@@ -82,7 +77,7 @@ def other_namespace(cluster, api) -> str:
     """A second fresh namespace: another tenant's. Its experiments go with it."""
     from kubernetes import client
 
-    name = fresh_namespace(api, "other-tenant")
+    name = fresh_namespace(cluster, api, "other-tenant")
     yield name
     release_gangs(K8s(cluster, api, None), name)
     client.CoreV1Api(api).delete_namespace(name)

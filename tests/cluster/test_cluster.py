@@ -1,5 +1,8 @@
 """The test control plane is a real Kubernetes: versions, RBAC, scheduling, Jobs, GC."""
 
+import os
+import signal
+
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -232,3 +235,21 @@ def test_a_running_job_pod_that_is_deleted_goes_away(api, namespace):
         return name not in {p.metadata.name for p in core.list_namespaced_pod(namespace).items}
 
     wait_until(gone, 60, "the deleted pod to disappear")
+
+
+def test_a_controller_manager_that_died_mid_session_is_reported_and_restarted(cluster, api):
+    """One broken component must not fail every later test of the session: a namespace
+    whose default ServiceAccount never comes warns with the component's log, restarts it
+    once, and gets its account."""
+    os.killpg(cluster.state.pids["kube-controller-manager"], signal.SIGKILL)
+    name = "kcm-died"
+    client.CoreV1Api(api).create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=name))
+    )
+    try:
+        with pytest.warns(UserWarning, match="kube-controller-manager not running") as caught:
+            cluster.wait_for_default_account(name, timeout=5)
+        assert str(cluster.log("kube-controller-manager")) in str(caught[0].message)
+        assert cluster.is_running()
+    finally:
+        client.CoreV1Api(api).delete_namespace(name)

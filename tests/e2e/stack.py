@@ -126,14 +126,7 @@ class Stack:
     def namespace(self, name: str) -> str:
         """A fresh namespace with the checkpoint claim experiment.yaml names."""
         self.cluster.kubectl("create", "namespace", name)
-        wait_until(
-            lambda: (
-                self.cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode
-                == 0
-            ),
-            30,
-            f"the default ServiceAccount in {name}",
-        )
+        self.cluster.wait_for_default_account(name)
         self.claims[name] = self.runner.provision_claim(name, CHECKPOINT_CLAIM)
         return name
 
