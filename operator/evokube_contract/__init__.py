@@ -83,6 +83,9 @@ ENV_MEGASCALE_PORT: Final = "MEGASCALE_PORT"  # MEGASCALE_PORT
 ENV_REPORT_STATUS: Final = "EVOKUBE_REPORT_STATUS"  # "1": process 0 patches status.progress
 ENV_HOME: Final = "HOME"  # SCRATCH_DIR: writable, unlike the image's home
 ENV_HISTORY: Final = "EVOKUBE_HISTORY"  # set by `evokube run` only
+# Set by `evokube run` only: the descriptor of a listening socket the process inherits for
+# /metrics (bound to ENV_METRICS_PORT by the command, so two runs never race for a port).
+ENV_METRICS_FD: Final = "EVOKUBE_METRICS_FD"
 ENV_LOG_LEVEL: Final = "EVOKUBE_LOG_LEVEL"  # a logging level's name; unset: INFO (USER_ENV)
 # Where the trainer writes why it failed; unset: TERMINATION_LOG (tests point it elsewhere).
 ENV_TERMINATION_LOG: Final = "EVOKUBE_TERMINATION_LOG"
@@ -107,6 +110,7 @@ ENV_VARS: Final = (
     ENV_REPORT_STATUS,
     ENV_HOME,
     ENV_HISTORY,
+    ENV_METRICS_FD,
     ENV_LOG_LEVEL,
     ENV_TERMINATION_LOG,
 )

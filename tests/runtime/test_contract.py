@@ -12,6 +12,7 @@ import errno
 import re
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from evokube_trainer.runtime.config import to_run_config
 from evokube_trainer.runtime.distributed import ProcessGroup
 from evokube_trainer.runtime.exitcodes import PERMANENT, RETRIABLE, SUCCESS, PermanentError
 from evokube_trainer.runtime.inputs import Inputs
+from evokube_trainer.runtime.metrics import TrainerMetrics
 from tests.bad_manifests import with_changes
 from tests.operator.factories import TPU, experiment
 
@@ -141,11 +143,14 @@ def test_evokube_run_gives_its_processes_what_a_pod_gets(tmp_path):
     exp = experiment(name="demo", namespace="team-a")
     raw = {"metadata": {"name": "demo", "namespace": "team-a"}, "spec": dict(exp.spec)}
     raw["spec"]["accelerator"] = {"type": "cpu", "hosts": 2, "devicesPerHost": 2}
-    env = local.process_env(raw, tmp_path, 2, 1, coordinator_port=1234, metrics_port=5678)
+    with local._listening(0) as metrics:
+        env = local.process_env(raw, tmp_path, 2, 1, coordinator_port=1234, metrics=metrics)
+        port, fd = metrics.getsockname()[1], metrics.fileno()
     inputs = Inputs.from_env(env)
     assert inputs.manifest == str(tmp_path / contract.MANIFEST_FILE)
     assert inputs.group == ProcessGroup("127.0.0.1:1234", 2, 1)
-    assert (inputs.checkpoint_dir, inputs.metrics_port) == (str(tmp_path), 5678)
+    assert (inputs.checkpoint_dir, inputs.metrics_port) == (str(tmp_path), port)
+    assert inputs.metrics_fd == fd
     assert inputs.history == str(tmp_path / contract.HISTORY_FILE)
     assert not inputs.report_status
 
@@ -165,6 +170,7 @@ def test_evokube_run_gives_its_processes_what_a_pod_gets(tmp_path):
             "outside",
         ),
         ({"EVOKUBE_MANIFEST": "m", "EVOKUBE_LOG_LEVEL": "loud"}, "EVOKUBE_LOG_LEVEL='loud'"),
+        ({"EVOKUBE_MANIFEST": "m", "EVOKUBE_METRICS_FD": "3x"}, "'3x' is not a file descriptor"),
     ],
 )
 def test_a_bad_environment_is_permanent(env, message):
@@ -239,9 +245,39 @@ def test_evokube_run_goes_on_without_metrics_where_no_socket_opens(tmp_path, mon
         raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
 
     monkeypatch.setattr(local.socket, "socket", refuse)
-    assert local._metrics_ports(9100, 1) is None
+    assert local._metrics_sockets(9100, 1) is None
     raw = {"metadata": {"name": "demo", "namespace": "default"}, "spec": dict(experiment().spec)}
     raw["spec"]["accelerator"] = {"type": "cpu", "hosts": 1, "devicesPerHost": 1}
     inputs = Inputs.from_env(local.process_env(raw, tmp_path, 1, 0, None, None))
-    assert inputs.metrics_port is None
+    assert (inputs.metrics_port, inputs.metrics_fd) == (None, None)
     assert inputs.group is None
+
+
+def test_two_runs_started_together_hold_distinct_metrics_ports(tmp_path):
+    """`evokube run` binds each process's /metrics socket before the process starts and hands
+    it over, so a second run started meanwhile (`evokube sweep --parallel`) gets other ports
+    instead of finding the first one's free and losing the race to bind it."""
+    with local._listening(0) as probe:
+        preferred = probe.getsockname()[1]
+    one = local._metrics_sockets(preferred, 2)
+    two = local._metrics_sockets(preferred, 2)
+    try:
+        ports = [s.getsockname()[1] for s in (*one, *two)]
+        assert ports[0] == preferred
+        assert len(set(ports)) == 4
+    finally:
+        for sock in (*one, *two):
+            sock.close()
+
+
+def test_a_trainer_serves_its_metrics_on_the_socket_it_inherited():
+    """What the trainer does with EVOKUBE_METRICS_FD: /metrics on that very socket."""
+    metrics = TrainerMetrics("demo", "default", 0)
+    metrics.record_checkpoint(1234.0)
+    sock = local._listening(0)
+    port = sock.getsockname()[1]
+    metrics.serve_on(sock.detach())
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    assert 'evokube_checkpoint_last_success_timestamp_seconds{experiment="demo"' in text
+    assert "1234.0" in text

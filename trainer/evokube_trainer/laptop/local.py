@@ -40,33 +40,46 @@ from evokube_trainer.runtime.objectstore import is_url
 GRACE_S = 30.0
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the metrics server does
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _metrics_ports(first: int, processes: int) -> list[int] | None:
-    """A free metrics port per process, from `first` on; None where this machine lets no
-    program open a network socket (some sandboxes): the run goes on without /metrics."""
+def _listening(port: int) -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the metrics server does
     try:
-        return [
-            port if _port_free(port) else _free_port() for port in range(first, first + processes)
-        ]
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _metrics_sockets(first: int, processes: int) -> list[socket.socket] | None:
+    """A listening socket per process for its /metrics, on `first` and up where free, else
+    on a port the system picks. Bound here and inherited by the process, so that two runs
+    started together (`evokube sweep --parallel`) cannot both find a port free and then
+    race to bind it. None where this machine lets no program open a network socket (some
+    sandboxes): the run goes on without /metrics."""
+    sockets: list[socket.socket] = []
+    try:
+        for port in range(first, first + processes):
+            try:
+                sockets.append(_listening(port))
+            except OSError as err:
+                if err.errno != errno.EADDRINUSE:
+                    raise
+                sockets.append(_listening(0))
     except OSError as err:
+        for sock in sockets:
+            sock.close()
         if err.errno in (errno.EAFNOSUPPORT, errno.EPERM, errno.EACCES):
             return None
         raise
+    return sockets
 
 
 def checkpoint_dir(manifest: Mapping[str, Any], run_dir: Path) -> str:
@@ -99,7 +112,7 @@ def process_env(
     processes: int,
     process_id: int,
     coordinator_port: int | None,
-    metrics_port: int | None,
+    metrics: socket.socket | None,
     slices: int = 1,
 ) -> dict[str, str]:
     """The environment of local process `process_id`: what the operator sets in a pod (the
@@ -114,8 +127,9 @@ def process_env(
         contract.ENV_HISTORY: str(run_dir / contract.HISTORY_FILE),
         "PYTHONUNBUFFERED": "1",
     }
-    if metrics_port is not None:
-        env[contract.ENV_METRICS_PORT] = str(metrics_port)
+    if metrics is not None:
+        env[contract.ENV_METRICS_PORT] = str(metrics.getsockname()[1])
+        env[contract.ENV_METRICS_FD] = str(metrics.fileno())
     if processes > 1:
         env[contract.ENV_COORDINATOR] = f"127.0.0.1:{coordinator_port}"
         env[contract.ENV_NUM_PROCESSES] = str(processes)
@@ -240,7 +254,7 @@ def run_locally(
     spec = manifest["spec"]
     # One process needs no coordinator (nor a socket: jax.distributed stays off).
     coordinator = _free_port() if processes > 1 else None
-    metrics_ports = _metrics_ports(spec["metricsPort"], processes)
+    metrics = _metrics_sockets(spec["metricsPort"], processes)
     print(
         f"evokube run: {name}: {spec['algorithm']['name']} on {spec['environment']['name']}, "
         f"population {spec['population']['size']}, {processes} process(es)"
@@ -251,10 +265,11 @@ def run_locally(
     location = (spec.get("checkpoint") or {}).get("location") or ""
     board = f"{location if is_url(location) else run_dir}/{contract.TENSORBOARD_SUBDIR}"
     print(f"  curves:     tensorboard --logdir {board}", file=out)
-    if metrics_ports is None:
+    if metrics is None:
         print("  metrics:    off (this machine opens no network socket)", file=out, flush=True)
-        metrics_ports = [None] * processes
-    else:
+        metrics = [None] * processes
+    metrics_ports = [None if sock is None else sock.getsockname()[1] for sock in metrics]
+    if None not in metrics_ports:
         print(
             "  metrics:    " + ", ".join(f"http://127.0.0.1:{p}/metrics" for p in metrics_ports),
             file=out,
@@ -265,19 +280,23 @@ def run_locally(
         run_dir / contract.HISTORY_FILE, spec["stopping"].get("maxGenerations"), out
     )
     procs = []
-    for i in range(processes):
-        log = (run_dir / "logs" / f"process-{i}.log").open("ab")
-        env = process_env(manifest, run_dir, processes, i, coordinator, metrics_ports[i], slices)
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "evokube_trainer.runtime.entrypoint"],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        )
-        log.close()
+    try:
+        for i, sock in enumerate(metrics):
+            with (run_dir / "logs" / f"process-{i}.log").open("ab") as log:
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "evokube_trainer.runtime.entrypoint"],
+                        env=process_env(manifest, run_dir, processes, i, coordinator, sock, slices),
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        pass_fds=() if sock is None else (sock.fileno(),),
+                    )
+                )
+    finally:
+        for sock in metrics:
+            if sock is not None:
+                sock.close()  # each process holds its own copy now
     (run_dir / "processes.json").write_text(
         json.dumps(
             [

@@ -135,6 +135,7 @@ def _run(log: logging.Logger) -> int:
             config,
             checkpoint_dir=checkpoint_dir,
             metrics_port=inputs.metrics_port,
+            metrics_fd=inputs.metrics_fd,
             slices=inputs.slices.count,
             status_reporter=reporter,
             recorders=histories,

@@ -19,6 +19,7 @@ from evokube_contract import (
     ENV_HISTORY,
     ENV_LOG_LEVEL,
     ENV_MANIFEST,
+    ENV_METRICS_FD,
     ENV_METRICS_PORT,
     ENV_REPORT_STATUS,
 )
@@ -36,6 +37,7 @@ class Inputs:
     slices: Slices  # the gang's slices and this process's (one slice without MEGASCALE_*)
     checkpoint_dir: str | None  # path, gs:// or s3://; None: no checkpoints
     metrics_port: int | None  # None or 0: no /metrics server
+    metrics_fd: int | None  # `evokube run`: an inherited socket, already bound to metrics_port
     report_status: bool  # process 0 patches status.progress
     history: str | None  # a second history.jsonl (`evokube run`)
     log_level: str  # a logging level's name (the user's, through spec.env)
@@ -68,6 +70,7 @@ class Inputs:
             slices=slices,
             checkpoint_dir=_checkpoint_dir(env.get(ENV_CHECKPOINT_DIR)),
             metrics_port=_metrics_port(env.get(ENV_METRICS_PORT)),
+            metrics_fd=_metrics_fd(env.get(ENV_METRICS_FD)),
             report_status=env.get(ENV_REPORT_STATUS) == "1",
             history=env.get(ENV_HISTORY) or None,
             log_level=level,
@@ -79,6 +82,14 @@ def _metrics_port(value: str | None) -> int | None:
         return None
     if not (value.isascii() and value.isdigit() and int(value) <= MAX_PORT):
         raise PermanentError(f"{ENV_METRICS_PORT}={value!r} is not a port (0 to {MAX_PORT})")
+    return int(value)
+
+
+def _metrics_fd(value: str | None) -> int | None:
+    if not value:
+        return None
+    if not (value.isascii() and value.isdigit()):
+        raise PermanentError(f"{ENV_METRICS_FD}={value!r} is not a file descriptor")
     return int(value)
 
 

@@ -11,9 +11,21 @@ process serves its own endpoint, so a PodMonitor sees the whole gang.
 from __future__ import annotations
 
 import platform
+import socket
+import threading
 from collections.abc import Mapping, Sequence
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    make_wsgi_app,
+    start_http_server,
+)
 
 from evokube_trainer.utils import mean_interval
 
@@ -151,3 +163,24 @@ class TrainerMetrics:
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Serve /metrics on `port` from a daemon thread."""
         start_http_server(port, addr=addr, registry=self.registry)
+
+    def serve_on(self, fd: int) -> None:
+        """Serve /metrics from a daemon thread on the listening socket `fd` this process
+        inherited (`evokube run` binds it, so no other run can take the port meanwhile)."""
+        server = _MetricsServer(("", 0), _QuietHandler, bind_and_activate=False)
+        server.socket.close()
+        server.socket = socket.socket(fileno=fd)
+        server.server_address = server.socket.getsockname()
+        server.server_name, server.server_port = server.server_address[:2]
+        server.setup_environ()
+        server.set_app(make_wsgi_app(self.registry))
+        threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+
+
+class _MetricsServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):
+        """Scrapes are not news: the standard handler writes a line for each to stderr."""

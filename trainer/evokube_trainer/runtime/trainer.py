@@ -290,6 +290,7 @@ def train(
     *,
     checkpoint_dir: str | None,
     metrics_port: int | None = None,
+    metrics_fd: int | None = None,
     slices: int = 1,
     status_reporter: StatusReporter | None = None,
     recorders: Sequence[Recorder] = (),
@@ -315,7 +316,9 @@ def train(
         devices=jax.device_count(),
         slices=slices,
     )
-    if metrics_port:
+    if metrics_fd is not None:
+        metrics.serve_on(metrics_fd)
+    elif metrics_port:
         metrics.serve(metrics_port)
 
     layout = DeviceLayout.over_all_devices(slices) if jax.device_count() > 1 else None
