@@ -648,6 +648,10 @@ def multislice_killed_trainer(stack: Stack, ns: str, timeline: Timeline) -> Repo
 QUEUE, CLUSTER_QUEUE, FLAVOR = "gangs", "e2e-gangs", "e2e-local"
 LOW, HIGH = "e2e-low", "e2e-high"  # WorkloadPriorityClasses
 SPRINT = "sprint"  # the high-priority experiment
+# The low-priority run must still be training when Kueue's preemption reaches its pods, which
+# takes seconds (more on a loaded machine) while a generation takes tens of milliseconds: it
+# runs to a fixed generation (its target is out of CartPole's reach), far past KILL_AT.
+LOW_RUN = {"targetFitness": 1000.0, "maxGenerations": 400}
 ONE_CPU_EACH = {"requests": {"cpu": "1"}}  # what Kueue counts: a 2-host gang is 2 CPUs
 
 
@@ -755,7 +759,15 @@ def kueue_preemption(
             f"ClusterQueue {CLUSTER_QUEUE} (one gang on flavor {FLAVOR}, withinClusterQueue: "
             f"LowerPriority), LocalQueue {ns}/{QUEUE}, priorities {LOW}=10 {HIGH}=1000",
         )
-        report = _begin(stack, ns, timeline, queueName=QUEUE, workloadPriorityClassName=LOW, **gang)
+        report = _begin(
+            stack,
+            ns,
+            timeline,
+            queueName=QUEUE,
+            workloadPriorityClassName=LOW,
+            stopping=LOW_RUN,
+            **gang,
+        )
         report.notes["kueue_setup_s"] = time.monotonic() - began
         name, job = report.watcher.name, f"{report.watcher.name}-0"
         pods = _train_until(stack, ns, job, KILL_AT, report, slices)
