@@ -68,12 +68,12 @@ def test_evokube_run_numbers_processes_slice_by_slice(tmp_path):
     # As the operator does for a JobSet's pods: the process id within the slice, and the
     # slice; the trainer's group numbers them all, slice by slice.
     doc = experiment("s", algorithm=OPENES, hosts=2, devices=1, generations=1)
-    envs = [process_env(doc, tmp_path, 6, i, 1, 2, slices=3) for i in range(6)]
+    envs = [process_env(doc, tmp_path, 6, i, 1, None, slices=3) for i in range(6)]
     assert [env[contract.ENV_MEGASCALE_SLICE_ID] for env in envs] == list("001122")
     assert [env[contract.ENV_PROCESS_ID] for env in envs] == list("010101")
     assert {env[contract.ENV_MEGASCALE_NUM_SLICES] for env in envs} == {"3"}
     assert [ProcessGroup.from_env(env).process_id for env in envs] == list(range(6))
-    assert contract.ENV_MEGASCALE_NUM_SLICES not in process_env(doc, tmp_path, 2, 0, 1, 2)
+    assert contract.ENV_MEGASCALE_NUM_SLICES not in process_env(doc, tmp_path, 2, 0, 1, None)
 
 
 def test_a_multislice_pods_process_id_is_within_its_slice():
