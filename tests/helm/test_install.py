@@ -269,7 +269,8 @@ def test_the_operator_as_the_charts_account_runs_an_experiment_to_the_end(
         for pod in k8s.running_pods(namespace, name, f"{name}-1"):
             k8s.exit_pod(namespace, pod.metadata.name, 0)
         k8s.wait_phase(namespace, name, "Succeeded")
-        assert {"RetriableFailure", "Completed"} <= set(k8s.events(namespace, name))
+        for reason in ("RetriableFailure", "Completed"):
+            k8s.wait_event(namespace, name, reason)
         k8s.wait(
             lambda: (
                 not k8s.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)[
