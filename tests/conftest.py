@@ -19,6 +19,25 @@ from tests.operator.conftest import (
     service_account_kubeconfig,
 )
 
+# The longest files (minutes each on 2 cores), longest first: `make test` runs two workers and
+# keeps a file's tests in one, so a long file collected last would run alone at the end. Only
+# an order: a file missing here runs after these, as collected.
+LONGEST_FIRST = (
+    "tests/runtime/test_multihost.py",
+    "tests/images/test_images.py",
+    "tests/e2e/test_e2e.py",
+    "tests/runtime/test_resume_layout.py",
+    "tests/e2e/test_multislice.py",
+    "tests/objectstore/test_objectstore.py",
+    "tests/runtime/test_seeds_run.py",
+    "tests/laptop/test_sweep.py",
+)
+
+
+def pytest_collection_modifyitems(items) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable
+
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory) -> ControlPlane:
