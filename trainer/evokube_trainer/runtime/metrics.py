@@ -14,8 +14,7 @@ import platform
 import socket
 import threading
 from collections.abc import Mapping, Sequence
-from socketserver import ThreadingMixIn
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+from wsgiref.simple_server import WSGIRequestHandler
 
 from prometheus_client import (
     CollectorRegistry,
@@ -26,6 +25,7 @@ from prometheus_client import (
     make_wsgi_app,
     start_http_server,
 )
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from evokube_trainer.utils import mean_interval
 
@@ -167,7 +167,7 @@ class TrainerMetrics:
     def serve_on(self, fd: int) -> None:
         """Serve /metrics from a daemon thread on the listening socket `fd` this process
         inherited (`evokube run` binds it, so no other run can take the port meanwhile)."""
-        server = _MetricsServer(("", 0), _QuietHandler, bind_and_activate=False)
+        server = ThreadingWSGIServer(("", 0), _QuietHandler, bind_and_activate=False)
         server.socket.close()
         server.socket = socket.socket(fileno=fd)
         server.server_address = server.socket.getsockname()
@@ -175,10 +175,6 @@ class TrainerMetrics:
         server.setup_environ()
         server.set_app(make_wsgi_app(self.registry))
         threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
-
-
-class _MetricsServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
 
 
 class _QuietHandler(WSGIRequestHandler):
