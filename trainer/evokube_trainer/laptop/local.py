@@ -267,9 +267,9 @@ def run_locally(
     print(f"  curves:     tensorboard --logdir {board}", file=out)
     if metrics is None:
         print("  metrics:    off (this machine opens no network socket)", file=out, flush=True)
-        metrics = [None] * processes
-    metrics_ports = [None if sock is None else sock.getsockname()[1] for sock in metrics]
-    if None not in metrics_ports:
+        metrics = metrics_ports = [None] * processes
+    else:
+        metrics_ports = [sock.getsockname()[1] for sock in metrics]
         print(
             "  metrics:    " + ", ".join(f"http://127.0.0.1:{p}/metrics" for p in metrics_ports),
             file=out,

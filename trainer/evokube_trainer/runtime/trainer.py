@@ -344,13 +344,14 @@ def train(
     if state is None:
         state = fns.init(key)
     # Where a (warm) start goes before its programs are loaded or compiled (logged apart).
+    state_ready = time.perf_counter()
     log.info(
         "started in %.1f s: set-up %.1f s, workflow (envs) %.1f s, %s %.1f s",
-        time.perf_counter() - started,
+        state_ready - started,
         set_up - started,
         workflow_built - set_up,
         "checkpoint restored" if restored is not None else "state initialized",
-        time.perf_counter() - workflow_built,
+        state_ready - workflow_built,
     )
     stop_at = StopAt.of(config.max_env_steps, config.target_fitness)
     if checkpoint_dir:
