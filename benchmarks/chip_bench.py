@@ -119,12 +119,25 @@ def run_config(row: str, backend: str | None, generations: int):
 
 def child(args: argparse.Namespace) -> None:
     """One trainer life: train until `--stop-at`, then (with `--throughput`) measure."""
+    from evokube_trainer.runtime import distributed
+
+    opener = distributed.open_devices_in_background()  # as the pod's entrypoint does
+    import jax
+
+    from evokube_trainer.runtime.entrypoint import process_age_s
     from evokube_trainer.runtime.trainer import train
 
     # evokube's phases, timed (Orbax logs its every step at INFO: left out).
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True)
     for handler in logging.getLogger().handlers:
         handler.addFilter(lambda r: r.name.startswith("evokube") or r.levelno >= logging.WARNING)
+    imported = process_age_s()
+    jax.devices()
+    logging.getLogger("evokube.chip_bench").info(
+        "imported %.1f s and devices open %.1f s after the process started",
+        imported,
+        process_age_s(),
+    )
     first: list[float] = []
 
     class FirstGeneration:
@@ -144,6 +157,7 @@ def child(args: argparse.Namespace) -> None:
     report = {"first_generation_at": first[0] if first else None}
     if args.throughput:
         report.update(throughput(args.rows[0], args))
+    opener.join()
     print(json.dumps(report))
 
 

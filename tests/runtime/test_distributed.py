@@ -1,7 +1,10 @@
-"""Reading the process group and the slices from the environment, and waiting out the
-coordinator's DNS."""
+"""Reading the process group and the slices from the environment, waiting out the
+coordinator's DNS, and opening the devices beside the imports."""
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -130,3 +133,34 @@ def test_evokube_run_starts_a_process_per_pod_of_the_manifests_slices(monkeypatc
 def test_evokube_run_refuses_slices_that_do_not_divide_the_processes(capsys):
     assert cli.main(["run", str(MULTISLICE_EXAMPLE), "--slices", "3"]) == 78
     assert "--slices 3 must be at least 1 and divide --processes 8" in capsys.readouterr().err
+
+
+OPEN_IN_BACKGROUND = """
+import threading
+from evokube_trainer.runtime import distributed
+opener = distributed.open_devices_in_background()
+import jax
+try:
+    print("devices", jax.device_count(), flush=True)
+finally:
+    opener.join()
+    print("threads", threading.active_count())
+"""
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"XLA_FLAGS": "--xla_force_host_platform_device_count=3"}, "devices 3"),
+        # The thread's failure is the caller's to raise: once, with its traceback, not twice.
+        ({"JAX_PLATFORMS": "nosuchplatform"}, "Unable to initialize backend 'nosuchplatform'"),
+    ],
+)
+def test_devices_opened_in_the_background_are_the_callers(env, expected):
+    environ = {**os.environ, "JAX_PLATFORMS": "cpu", **env}
+    done = subprocess.run(
+        [sys.executable, "-c", OPEN_IN_BACKGROUND], env=environ, capture_output=True, text=True
+    )
+    out = done.stdout + done.stderr
+    assert expected in out and "threads 1" in out, out
+    assert "Exception in thread" not in out and out.count("Unable to initialize") <= 1, out

@@ -51,6 +51,30 @@ def test_another_fingerprint_or_argument_shape_compiles_anew(tmp_path):
     assert len(traces) == 2 and len(list(tmp_path.iterdir())) == 3
 
 
+def test_a_preloaded_program_is_used_only_for_arguments_of_its_signature(tmp_path, caplog):
+    x = jnp.arange(4.0)
+    fn, _ = _traced_twice()
+    ExecutableStore(tmp_path, "a").compiled("f", fn, x)
+
+    store = ExecutableStore(tmp_path, "a")
+    store.preload("f", "g")  # "g" has no file: nothing to load
+    assert list(store._loading) == [path.name for path in tmp_path.iterdir()]
+    again, traces = _traced_twice()
+    with caplog.at_level(logging.INFO):
+        np.testing.assert_array_equal(store.compiled("f", again, x)(x), 2 * x)
+    assert traces == [] and "preloaded" in caplog.text and store._loading == {}
+
+    store = ExecutableStore(tmp_path, "a")
+    store.preload("f")
+    other, traces = _traced_twice()
+    y = jnp.arange(5.0)  # another signature than the preloaded file's
+    np.testing.assert_array_equal(store.compiled("f", other, y)(y), 2 * y)
+    assert len(traces) == 1 and len(list(tmp_path.iterdir())) == 2
+    store = ExecutableStore(tmp_path, "a")
+    store.preload("f")  # two files of "f": which one the arguments need is not known yet
+    assert store._loading == {}
+
+
 def test_a_torn_file_is_compiled_over_with_a_warning(tmp_path, caplog):
     x = jnp.arange(4.0)
     fn, _ = _traced_twice()
@@ -116,6 +140,7 @@ def test_a_resumed_run_loads_its_programs_and_trains_as_one_run(tmp_path):
     run(tmp_path / "resumed", 6)
     log = (resumed / "logs" / "process-0.log").read_text()
     assert "loaded the compiled steps" in log and "loaded the compiled evaluate" in log
+    assert log.count("preloaded; waited") == 2, log  # both loaded while the state was built
     # A warm start says where its seconds went before the programs (issue 23's restarts).
     assert re.search(r"open [\d.]+ s after the process started", log), log
     assert re.search(r"started in [\d.]+ s: .* checkpoint restored [\d.]+ s", log), log

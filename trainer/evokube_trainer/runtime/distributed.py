@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -151,9 +152,26 @@ def initialize(
         initialization_timeout=initialization_timeout_s,
         heartbeat_timeout_seconds=heartbeat_timeout_s,
     )
-    log.info(
-        "process %d/%d joined; %d devices in all",
-        jax.process_index(),
-        jax.process_count(),
-        jax.device_count(),
-    )
+    # No device count here: that would open the devices now (see `open_devices_in_background`).
+    log.info("process %d/%d joined", group.process_id, group.num_processes)
+
+
+def open_devices_in_background() -> threading.Thread:
+    """Open this process's JAX devices in a thread while the caller goes on importing the
+    trainer (JAX's libraries, Brax, MuJoCo, Flax, Orbax). A TPU's start-up (libtpu) takes
+    seconds, and so do those imports: side by side, a restart reaches its first generation
+    sooner. The first use of JAX in another thread waits for this one (JAX opens its backends
+    under a lock); a failure is left for that use to raise again, where it is handled. Call
+    after `initialize`, and join the thread before the process exits: a thread still inside
+    the TPU's start-up when the interpreter shuts down can abort the process."""
+    import jax
+
+    def open_devices() -> None:
+        try:
+            jax.devices()
+        except Exception as err:  # raised again by the caller's own first use of JAX
+            log.debug("opening the devices in the background failed: %s", err)
+
+    opener = threading.Thread(target=open_devices, name="open-devices", daemon=True)
+    opener.start()
+    return opener

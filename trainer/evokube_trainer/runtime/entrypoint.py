@@ -96,9 +96,18 @@ def _run(log: logging.Logger) -> int:
         inputs.slices.check()
     except ValueError as err:
         raise exitcodes.PermanentError(str(err)) from None
+    opener = distributed.open_devices_in_background()
+    try:
+        return _train(log, inputs, loaded)
+    finally:
+        opener.join()
 
+
+def _train(log: logging.Logger, inputs, loaded: dict) -> int:
+    """Build the run from the checked manifest and train it (the devices are opening)."""
     import jax
 
+    from evokube_trainer.runtime import manifest
     from evokube_trainer.runtime.config import to_run_config
     from evokube_trainer.runtime.status import StatusReporter
     from evokube_trainer.runtime.trainer import StopFlags, train

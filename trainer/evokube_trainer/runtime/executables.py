@@ -12,12 +12,15 @@ environment) and of the arguments' shapes, dtypes and shardings. A restart whose
 matches loads the executable and calls it at once; anything else (no file, another
 fingerprint, a file that does not load) compiles as before and writes the new executable.
 
-One file per program and process (`executables/<name>-<fingerprint>-<process>.bin`), written
-whole; a process only ever reads the file it wrote itself.
+One file per program and process (`executables/<name>-<fingerprint>-<signature>-<process>.bin`),
+written whole; a process only ever reads the file it wrote itself. A restart starts loading its
+files (`ExecutableStore.preload`) before its state exists, beside the environment's build and
+the checkpoint's restore; the arguments' signature still decides whether a loaded one is used.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import hashlib
 import importlib.metadata
@@ -113,18 +116,50 @@ class ExecutableStore:
     def __init__(self, directory: str, fingerprint: str):
         self.directory = epath.Path(directory)
         self.fingerprint = fingerprint
+        self._loading: dict[str, concurrent.futures.Future] = {}  # by file name
 
     def _path(self, name: str, args: tuple) -> epath.Path:
         process = jax.process_index()
         return self.directory / f"{name}-{self.fingerprint}-{_signature(args)}-{process}.bin"
 
+    def preload(self, *names: str) -> None:
+        """Start loading each named program's file of this fingerprint in its own thread, for
+        `compiled` to take up when its arguments' signature names the same file. A name with
+        no file, or with several (arguments of other shapes), is left to `compiled`."""
+        process = jax.process_index()
+        try:
+            found = {
+                name: list(self.directory.glob(f"{name}-{self.fingerprint}-*-{process}.bin"))
+                for name in names
+            }
+        except Exception as err:  # an unreadable folder: `compiled` meets it again
+            log.warning("could not list the compiled programs in %s: %s", self.directory, err)
+            return
+        files = [paths[0] for paths in found.values() if len(paths) == 1]
+        if not files:
+            return
+        # Not a `with`: that would wait for the loads here. Its threads end before the
+        # interpreter does (concurrent.futures joins them at exit).
+        pool = concurrent.futures.ThreadPoolExecutor(len(files), "load-executable")
+        for path in files:
+            self._loading[path.name] = pool.submit(self._load, path)
+        pool.shutdown(wait=False)
+
     def compiled(self, name: str, jitted: Any, *args: Any) -> Callable:
         """`jitted` compiled for `args` (arrays or ShapeDtypeStructs): loaded when this
         fingerprint's executable is on disk, else traced, compiled and written."""
         path = self._path(name, args)
-        loaded = self._load(path)
+        started = time.perf_counter()
+        loading = self._loading.pop(path.name, None)
+        loaded = loading.result() if loading is not None else self._load(path)
         if loaded is not None:
-            log.info("loaded the compiled %s from %s", name, path)
+            log.info(
+                "loaded the compiled %s from %s (%s %.1f s)",
+                name,
+                path,
+                "preloaded; waited" if loading is not None else "took",
+                time.perf_counter() - started,
+            )
             return loaded
         started = time.perf_counter()
         lowered = jitted.lower(*args)

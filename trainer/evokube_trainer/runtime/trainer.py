@@ -322,6 +322,12 @@ def train(
         metrics.serve(metrics_port)
 
     layout = DeviceLayout.over_all_devices(slices) if jax.device_count() > 1 else None
+    store = None
+    if checkpoint_dir:  # a restart's compiled programs load while the state is built
+        store = ExecutableStore(
+            os.path.join(checkpoint_dir, EXECUTABLES_SUBDIR), fingerprint(config.workflow)
+        )
+        store.preload("steps", "evaluate")
     # Set up: the bucket, the metrics, and the devices where nothing opened them before (the
     # entrypoint logs when it did).
     set_up = time.perf_counter()
@@ -354,8 +360,8 @@ def train(
         state_ready - workflow_built,
     )
     stop_at = StopAt.of(config.max_env_steps, config.target_fitness)
-    if checkpoint_dir:
-        fns = _stored_programs(workflow, fns, state, stop_at, config, checkpoint_dir)
+    if store is not None:
+        fns = _stored_programs(workflow, fns, state, stop_at, store)
 
     # With several seeds these are [seeds]: the generation is every replica's, the env steps
     # (as the stopping rules read them) the most any replica took.
@@ -403,13 +409,10 @@ def train(
     return Outcome(code, loop.generation, loop.reason)
 
 
-def _stored_programs(workflow, fns, state, stop_at, config: RunConfig, checkpoint_dir: str):
+def _stored_programs(workflow, fns, state, stop_at, store: ExecutableStore):
     """`fns` with `steps` and `evaluate` compiled ahead of time and kept in the checkpoint
     location's executables/ (runtime/executables.py): a restart loads them instead of tracing,
     lowering and compiling (the cache key alone costs a trace)."""
-    store = ExecutableStore(
-        os.path.join(checkpoint_dir, EXECUTABLES_SUBDIR), fingerprint(config.workflow)
-    )
     arguments = (state, *workflow.chunk_arguments(1, stop_at))
     return dataclasses.replace(
         fns,
