@@ -128,10 +128,12 @@ def test_the_replicas_root_seeds_wrap_into_32_bits():
     assert replica_seed(2**32 - 1, 1) == 0 and replica_seed(7, 2) == 9
 
 
-def test_a_vmapped_members_call_folds_the_seeds_into_the_population():
-    """`members_call` under the seeds' vmap runs its members as one `[N * S]` batch (what a
-    TPU needs: a `[S, N]` batch of per-member matmuls ran 50-70x slower), with the values of
-    the nested vmap, for batched and unbatched arguments alike."""
+@pytest.mark.parametrize("member_major", [False, True])
+def test_a_vmapped_members_call_folds_the_seeds_into_the_population(member_major):
+    """`members_call` under the seeds' vmap runs its members as one `[S * N]` batch (what a
+    TPU needs: a `[S, N]` batch of per-member matmuls ran 50x slower), with the values of
+    the nested vmap, for batched and unbatched arguments alike; seed-major by a reshape alone,
+    member-major (a sharded population) with a transpose."""
     from evokube_trainer.workflows._rollout import members_call
 
     def dense(params, obs, scale):  # one member: weights [i, o], obs [K, i], scale []
@@ -143,9 +145,10 @@ def test_a_vmapped_members_call_folds_the_seeds_into_the_population():
     obs = jax.random.normal(keys[1], (3, 5, 2, 8))  # [S, N, K, i]
     scale = jax.random.uniform(keys[2], (5,))  # [N], the same for every seed
     nested = jax.vmap(members, in_axes=(0, 0, None))(params, obs, scale)
-    folded = jax.vmap(members_call(members), in_axes=(0, 0, None))
+    folded = jax.vmap(members_call(members, member_major), in_axes=(0, 0, None))
     np.testing.assert_allclose(folded(params, obs, scale), nested, rtol=1e-6)
-    unbatched = members_call(members)({"w": params["w"][1]}, obs[1], scale)
+    unbatched = members_call(members, member_major)({"w": params["w"][1]}, obs[1], scale)
     np.testing.assert_allclose(unbatched, nested[1], rtol=1e-6)
     hlo = jax.jit(folded).lower(params, obs, scale).as_text()
-    assert "tensor<15x2x8xf32>, tensor<15x8x4xf32>" in hlo  # one batch of N * S = 15 members
+    assert "tensor<15x2x8xf32>, tensor<15x8x4xf32>" in hlo  # one batch of S * N = 15
+    assert ("stablehlo.transpose" in hlo) == member_major, hlo

@@ -99,10 +99,13 @@ def make_workflow(
         optimizer = make_optimizer(
             config.optimizer, config.pop_size, flattener.num_dims, config.optimizer_options
         )
+    sharded = layout is not None
     fitness_rollout = PopulationRollout(
-        fitness_env, policy, flattener.unflatten, episode_length, explore
+        fitness_env, policy, flattener.unflatten, episode_length, explore, sharded
     )
-    evaluator = PopulationRollout(eval_env, policy, flattener.unflatten, episode_length)
+    evaluator = PopulationRollout(
+        eval_env, policy, flattener.unflatten, episode_length, members_sharded=sharded
+    )
     common = dict(
         optimizer=optimizer,
         rollout=fitness_rollout,

@@ -83,14 +83,16 @@ def flatten_leading(tree: Any, num_axes: int) -> Any:
     return jax.tree.map(lambda x: x.reshape((-1, *x.shape[num_axes:])), tree)
 
 
-def members_call(fn: Callable[..., Array]) -> Callable[..., Array]:
+def members_call(fn: Callable[..., Array], member_major: bool = False) -> Callable[..., Array]:
     """`fn`, a function over members (every argument leads with the population axis `[N, ...]`,
     its result `[N, ...]`), that vmapped once more (the seeds axis of `Workflow.seeds`) folds
-    that outer axis into the population: it calls `fn` once on `[N * S, ...]` instead of
+    that outer axis into the population: it calls `fn` once on `[S * N, ...]` instead of
     batching it to `[S, N, ...]`. On a TPU the per-member matmuls of a policy batched `[S, N]`
-    ran as multiply-reduce fusions 50-70x slower than the same members in one batch
-    (`benchmarks/seeds_bench.py --profile`). The fold is member-major (`[N, S]`), so a
-    population sharded over devices stays where it is; the values are the same."""
+    ran as multiply-reduce fusions 50x slower than the same members in one batch
+    (`benchmarks/seeds_bench.py --profile`). The fold is seed-major, a free reshape; with
+    `member_major` (a population sharded over devices) it is `[N * S]`, so that every device
+    keeps its members, at the cost of a transpose each call (on one TPU chip the transposed
+    layout kept the matmuls as slow as before). The values are the same either way."""
 
     @jax.custom_batching.custom_vmap
     def call(*args):
@@ -100,10 +102,13 @@ def members_call(fn: Callable[..., Array]) -> Callable[..., Array]:
     def folded(axis_size: int, in_batched, *args):
         def fold(x: Array, batched: bool) -> Array:
             x = x if batched else jnp.broadcast_to(x, (axis_size, *x.shape))
-            return jnp.swapaxes(x, 0, 1).reshape((-1, *x.shape[2:]))  # [N * S, ...]
+            x = jnp.swapaxes(x, 0, 1) if member_major else x
+            return x.reshape((-1, *x.shape[2:]))
 
-        def unfold(y: Array) -> Array:  # [N * S, ...] -> [S, N, ...]
-            return jnp.swapaxes(y.reshape((-1, axis_size, *y.shape[1:])), 0, 1)
+        def unfold(y: Array) -> Array:  # -> [S, N, ...]
+            if member_major:
+                return jnp.swapaxes(y.reshape((-1, axis_size, *y.shape[1:])), 0, 1)
+            return y.reshape((axis_size, -1, *y.shape[1:]))
 
         out = fn(*jax.tree.map(fold, list(args), list(in_batched)))
         return jax.tree.map(unfold, out), jax.tree.map(lambda _: True, out)
@@ -119,6 +124,7 @@ class PopulationRollout:
     after `episode_length` steps every episode has ended and its return is final.
     `unflatten` maps one flat vector `[D]` to the policy's parameters. `explore` is the
     agent's exploratory action (see the module docstring); None: `additive_noise` on `policy`.
+    `members_sharded`: the population is split over devices (see `members_call`).
     """
 
     env: Env
@@ -126,6 +132,7 @@ class PopulationRollout:
     unflatten: Callable[[Array], Params]
     episode_length: int
     explore: ExploreFn | None = None
+    members_sharded: bool = False
 
     def act(self, params: Params, obs: Array, noise: Array, scale: Array) -> Array:
         """One member's actions `[K, act]` for obs `[K, obs]`; scale 0: the deterministic policy."""
@@ -159,7 +166,8 @@ class PopulationRollout:
             empty = init_running_stats(self.env.obs_dim)
             seen = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_members, *x.shape)), empty)
 
-        policy, act = members_call(jax.vmap(self.policy)), members_call(jax.vmap(self.act))
+        policy = members_call(jax.vmap(self.policy), self.members_sharded)
+        act = members_call(jax.vmap(self.act), self.members_sharded)
 
         def one_step(carry, step_key: Array):
             state, seen = carry
