@@ -67,3 +67,29 @@ def test_seeds_bench_measures_several_seeds_against_one():
     assert cells[0][5] == "1.00" and float(cells[1][5]) > 0
     state = [float(row[6].replace(",", "")) for row in cells]  # KiB
     assert state[1] == pytest.approx(2 * state[0], abs=0.1) and float(cells[1][7]) > 0
+
+
+def test_run_resume_interrupts_a_run_and_the_same_command_resumes_it(tmp_path):
+    """benchmarks/run_resume.py on a small manifest (CPU): the first life stops on Ctrl-C with
+    a checkpoint (exit 75), the second resumes from it and runs to the end (exit 0)."""
+    manifest = tmp_path / "small.yaml"
+    manifest.write_text(
+        "apiVersion: evokube.io/v1alpha1\nkind: ERLExperiment\nmetadata: {name: small}\n"
+        "spec:\n  image: trainer:test\n  algorithm: {name: openes}\n"
+        "  environment: {name: gymnax/Pendulum-v1, episodeLength: 20}\n"
+        "  policy: {hiddenLayers: [4]}\n  population: {size: 4}\n"
+        "  stopping: {maxGenerations: 2000}\n  checkpoint: {intervalGenerations: 100000}\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "benchmarks.run_resume", str(manifest),
+         "--after-rows", "2", "--runs-dir", str(tmp_path / "runs"), "--timeout", "300"],
+        cwd=BENCHMARKS.parent, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = run.stdout
+    assert "# life 1: exit 75" in out and "# life 2: exit 0" in out, out
+    first, second = out.split("# life 2")
+    reached = int(first.split("last generation in history.jsonl: ")[1].split()[0])
+    assert f"checkpoints: ['{reached}']" in first, out  # written on the interrupt
+    assert f"resumed from checkpoint at generation {reached}" in second, out
+    assert "last generation in history.jsonl: 2000" in second, out
