@@ -19,7 +19,8 @@ checkpoint directory as a pod has:
   restart cold   the checkpoint alone (cache and compiled programs deleted); this process then
                  also measures throughput and the profile below.
 
-Throughput, after one untimed generation, both with the trainer's one compiled `Workflow.steps`:
+Throughput, after one untimed generation, both with the trainer's one compiled `Workflow.steps`
+(after a trainer life, the executable that life wrote beside its checkpoint: not compiled twice):
 "step" runs one generation per call and blocks on it (EvoRL's way of timing); "trainer" runs
 chunks of generations per call, as `Workflow.learn` does in a pod (chunks of about a second).
 "env steps/s" counts agent steps of the trainer column.
@@ -164,17 +165,25 @@ def child(args: argparse.Namespace) -> None:
 def throughput(row: str, args: argparse.Namespace) -> dict:
     import jax
 
+    from evokube_trainer.runtime.executables import ExecutableStore, fingerprint
     from evokube_trainer.workflows import StopAt, jit_workflow, make_workflow
 
-    workflow = make_workflow(workflow_config(row, args.backend))
+    config = workflow_config(row, args.backend)
+    workflow = make_workflow(config)
     fns = jit_workflow(workflow, donate=True)
     state = jax.block_until_ready(fns.init(jax.random.PRNGKey(0)))
     one = workflow.chunk_arguments(1, StopAt.of())
-    state, _, _ = jax.block_until_ready(fns.steps(state, *one))  # compiles; untimed
+    steps = fns.steps
+    if args.stop_at:  # the trainer's life just compiled this program: load it, not again
+        executables = os.path.join(args.checkpoint_dir, EXECUTABLES_SUBDIR)
+        steps = ExecutableStore(executables, fingerprint(config)).compiled(
+            "steps", steps, state, *one
+        )
+    state, _, _ = jax.block_until_ready(steps(state, *one))  # compiles; untimed
     times = []
     for _ in range(args.generations):  # one dispatch per generation, blocked on (EvoRL's way)
         start = time.perf_counter()
-        state, _, _ = jax.block_until_ready(fns.steps(state, *one))
+        state, _, _ = jax.block_until_ready(steps(state, *one))
         times.append(time.perf_counter() - start)
     step_gen_s = sorted(times)[len(times) // 2]
 
@@ -185,7 +194,7 @@ def throughput(row: str, args: argparse.Namespace) -> dict:
     before = int(state.env_steps)
     start = time.perf_counter()
     while generations < args.generations:
-        state, _, done = fns.steps(state, *arguments)
+        state, _, done = steps(state, *arguments)
         generations += int(done)  # syncs, as the trainer's fetch of the metrics does
     elapsed = time.perf_counter() - start
     steps = int(state.env_steps) - before
@@ -193,7 +202,7 @@ def throughput(row: str, args: argparse.Namespace) -> dict:
     parts, summary = None, None
     if args.profile:
         # One generation: a Brax generation alone is millions of traced kernels.
-        (state, _, _), ops, traced_s = traced(lambda: fns.steps(state, *one))
+        (state, _, _), ops, traced_s = traced(lambda: steps(state, *one))
         parts, summary = profile_parts(ops, traced_s), busiest(ops)
     return {
         "step_gen_per_s": 1.0 / step_gen_s,
@@ -281,8 +290,7 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--throughput-only",
         action="store_true",
-        help="one process a row, throughput alone: no trainer life (a Brax row's first start"
-        " compiles the trainer's programs, and the throughput compiles its own again)",
+        help="one process a row, throughput alone: no trainer life, no restart columns",
     )
     parser.add_argument(
         "--no-profile",

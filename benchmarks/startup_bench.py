@@ -62,6 +62,9 @@ EVENTS = {
 
 
 def child(args: argparse.Namespace) -> None:
+    from evokube_trainer.runtime import distributed
+
+    opener = distributed.open_devices_in_background()  # as the pod's entrypoint does
     import jax
 
     from benchmarks.trainer_bench import build_config
@@ -98,6 +101,7 @@ def child(args: argparse.Namespace) -> None:
     train(config, checkpoint_dir=args.checkpoint_dir, recorders=[Clock()])
     first = finished[0][0]
     gen = finished[1][1] if len(finished) > 1 else 0.0
+    opener.join()
     print(
         json.dumps(
             {
