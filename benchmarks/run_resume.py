@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks._common import REPO
+from evokube_contract import CHECKPOINTS_SUBDIR, HISTORY_FILE, POLICIES_SUBDIR
 
 START_UP = re.compile(
     r"device\(s\) in all|started in|compiled the|loaded the compiled|resumed from|stopped at"
@@ -83,14 +84,14 @@ def main(argv=None) -> None:
     name = yaml.safe_load(args.manifest.read_text())["metadata"]["name"]
     runs = args.runs_dir or Path(tempfile.mkdtemp(prefix="run-resume-"))
     run = runs / name
-    history = run / "history.jsonl"
+    history = run / HISTORY_FILE
     logged = 0  # the process log's lines already shown (each life appends to it)
     for number, after_rows in ((1, args.after_rows), (2, None)):
         code, wall_s, out = life(args.manifest.resolve(), runs, history, after_rows, args.timeout)
         print(f"# life {number}: exit {code} after {wall_s:.1f} s", flush=True)
         print(f"  last generation in history.jsonl: {last_generation(history)}")
-        print(f"  checkpoints: {listing(run / 'checkpoints')}")
-        print(f"  policies: {listing(run / 'policies')}")
+        print(f"  checkpoints: {listing(run / CHECKPOINTS_SUBDIR)}")
+        print(f"  policies: {listing(run / POLICIES_SUBDIR)}")
         log = run / "logs" / "process-0.log"
         lines = log.read_text().splitlines() if log.exists() else out.splitlines()
         lines, logged = lines[logged:], len(lines)

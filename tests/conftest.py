@@ -11,8 +11,8 @@ import pytest
 from tests.cluster.controlplane import ControlPlane, wait_until
 from tests.helm.chart import operator_policies, operator_rbac, trainer_token_mode
 from tests.operator.conftest import (
-    FAST_LEASE,
     OPERATOR_NAMESPACE,
+    SESSION_LEASE,
     K8s,
     OperatorProcess,
     release_gangs,
@@ -156,7 +156,7 @@ def operator(cluster, crd, operator_kubeconfig, tmp_path_factory):
     # What the chart would tell the operator on this server (MutatingAdmissionPolicy or not).
     token = f"--trainer-token={trainer_token_mode(cluster)}"
     process = OperatorProcess(
-        operator_kubeconfig, tmp_path_factory.mktemp("operator-logs"), (*FAST_LEASE, token)
+        operator_kubeconfig, tmp_path_factory.mktemp("operator-logs"), (*SESSION_LEASE, token)
     )
     process.start()
     yield process
@@ -165,6 +165,7 @@ def operator(cluster, crd, operator_kubeconfig, tmp_path_factory):
 
 @pytest.fixture
 def k8s(cluster, api, operator, namespace):
+    operator.restart_if_exited()
     helper = K8s(cluster, api, operator)
     yield helper
     release_gangs(helper, namespace)

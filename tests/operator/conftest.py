@@ -24,6 +24,7 @@ import tempfile
 import urllib.error
 import urllib.request
 import uuid
+import warnings
 from pathlib import Path
 
 import yaml
@@ -36,6 +37,14 @@ OPERATOR_NAMESPACE = "evokube-system"
 FAST_LEASE = (
     "--leader-election-lease-duration=4",
     "--leader-election-renew-deadline=3",
+    "--leader-election-retry-period=0.5",
+)
+# The session's operator, which every cluster test shares: with two test workers on 2 cores a
+# renewal can take seconds, and a 3 s deadline lost the Lease mid-suite (the operator then
+# exits, as it should). A killed one is still replaced within about 10 s.
+SESSION_LEASE = (
+    "--leader-election-lease-duration=10",
+    "--leader-election-renew-deadline=8",
     "--leader-election-retry-period=0.5",
 )
 GROUP, VERSION, PLURAL = "evokube.io", "v1alpha1", "erlexperiments"
@@ -130,6 +139,18 @@ class OperatorProcess:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def restart_if_exited(self) -> None:
+        """Start the operator again if it ended on its own (it exits when it loses its Lease,
+        for its Deployment to restart it), warning with the end of its log."""
+        if self.proc is None or self.alive():
+            return
+        warnings.warn(
+            f"the operator exited with {self.proc.returncode}; restarting it as its Deployment "
+            f"would. The end of its log:\n{self.log_tail()}",
+            stacklevel=2,
+        )
+        self.start()
 
     def kill(self) -> None:
         """SIGKILL: no cleanup at all, as when a node dies."""

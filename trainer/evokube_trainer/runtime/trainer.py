@@ -328,8 +328,8 @@ def train(
             os.path.join(checkpoint_dir, EXECUTABLES_SUBDIR), fingerprint(config.workflow)
         )
         store.preload("steps", "evaluate")
-    # Set up: the bucket, the metrics, and the devices where nothing opened them before (the
-    # entrypoint logs when it did).
+    # Set up: the bucket, the metrics, the programs' preload, and the devices where nothing
+    # opened them before (the entrypoint logs when it did).
     set_up = time.perf_counter()
     workflow = make_workflow(config.workflow, layout, config.seeds)
     workflow_built = time.perf_counter()
