@@ -34,11 +34,11 @@ START_UP = re.compile(
 )
 
 
-def life(manifest: Path, runs: Path, history: Path, after_rows: int | None, timeout: float):
-    """One `evokube run`; with `after_rows`, Ctrl-C once history.jsonl has that many rows."""
+def start_run(manifest: Path, runs: Path) -> subprocess.Popen:
+    """`evokube run` leading its own process group, as a shell runs a foreground command
+    (a terminal's Ctrl-C signals that whole group)."""
     command = [sys.executable, "-m", "evokube_trainer.laptop.cli", "run", str(manifest)]
-    started = time.monotonic()
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [*command, "--runs-dir", str(runs)],
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -46,6 +46,12 @@ def life(manifest: Path, runs: Path, history: Path, after_rows: int | None, time
         text=True,
         start_new_session=True,
     )
+
+
+def life(manifest: Path, runs: Path, history: Path, after_rows: int | None, timeout: float):
+    """One `evokube run`; with `after_rows`, Ctrl-C once history.jsonl has that many rows."""
+    started = time.monotonic()
+    proc = start_run(manifest, runs)
     if after_rows:
         while proc.poll() is None and rows(history) < after_rows:
             if time.monotonic() - started > timeout:

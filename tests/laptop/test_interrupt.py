@@ -5,30 +5,15 @@ the generation it reached, says so without a traceback, and the same command res
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import yaml
 
+from benchmarks.run_resume import start_run
 from evokube_trainer.laptop.curves import read_history
 from evokube_trainer.runtime import exitcodes
 from tests.cluster.controlplane import free_port, wait_until
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def start(manifest: Path, runs: Path) -> subprocess.Popen:
-    """`evokube run` leading its own process group, as a shell runs a foreground command."""
-    command = [sys.executable, "-m", "evokube_trainer.laptop.cli", "run", str(manifest)]
-    return subprocess.Popen(
-        [*command, "--runs-dir", str(runs)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
 
 
 def ctrl_c_twice(proc: subprocess.Popen) -> tuple[int, str]:
@@ -71,7 +56,7 @@ def test_ctrl_c_checkpoints_where_the_run_was_and_the_same_command_resumes_there
     run = tmp_path / "runs" / "long"
     history = run / "history.jsonl"
 
-    proc = start(manifest, tmp_path / "runs")
+    proc = start_run(manifest, tmp_path / "runs")
     wait_until(lambda: history.exists() and read_history(history), 300, "a first generation")
     code, out = ctrl_c_twice(proc)
     assert code == exitcodes.RETRIABLE, out
@@ -79,7 +64,7 @@ def test_ctrl_c_checkpoints_where_the_run_was_and_the_same_command_resumes_there
     reached = read_history(history)[-1]["generation"]
     assert checkpointed(run) == [reached], out  # written on the interrupt, nothing lost
 
-    proc = start(manifest, tmp_path / "runs")
+    proc = start_run(manifest, tmp_path / "runs")
     log = run / "logs" / "process-0.log"
     resumed = f"resumed from checkpoint at generation {reached}"
     wait_until(lambda: resumed in log.read_text(errors="replace"), 300, "the resume")
