@@ -14,7 +14,6 @@ start-up lines (device, programs compiled or loaded, checkpoint restored).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
@@ -28,6 +27,7 @@ import yaml
 
 from benchmarks._common import REPO
 from evokube_contract import CHECKPOINTS_SUBDIR, HISTORY_FILE, POLICIES_SUBDIR
+from evokube_trainer.laptop.curves import read_history
 
 START_UP = re.compile(
     r"device\(s\) in all|started in|compiled the|loaded the compiled|resumed from|stopped at"
@@ -53,7 +53,7 @@ def life(manifest: Path, runs: Path, history: Path, after_rows: int | None, time
     started = time.monotonic()
     proc = start_run(manifest, runs)
     if after_rows:
-        while proc.poll() is None and rows(history) < after_rows:
+        while proc.poll() is None and len(read_history(history)) < after_rows:
             if time.monotonic() - started > timeout:
                 break
             time.sleep(0.5)
@@ -63,16 +63,9 @@ def life(manifest: Path, runs: Path, history: Path, after_rows: int | None, time
     return proc.returncode, time.monotonic() - started, out
 
 
-def rows(history: Path) -> int:
-    try:
-        return sum(1 for line in history.read_text().splitlines() if line.strip())
-    except FileNotFoundError:
-        return 0
-
-
 def last_generation(history: Path) -> int | None:
-    lines = [line for line in history.read_text().splitlines() if line.strip()]
-    return json.loads(lines[-1])["metrics"]["generation"] if lines else None
+    rows = read_history(history)
+    return rows[-1]["generation"] if rows else None
 
 
 def listing(folder: Path) -> list[str]:
