@@ -316,7 +316,20 @@ def _wait(report: Report, what: str, predicate, timeout: float, interval: float 
     try:
         return wait_until(done_or_failed, timeout, what, interval=interval)
     except (TimeoutError, AssertionError) as err:
-        raise type(err)(f"{err}\n--- timeline ---\n{report.timeline}") from None
+        logs = _trainer_log_tails(report.watcher)
+        raise type(err)(f"{err}\n--- timeline ---\n{report.timeline}{logs}") from None
+
+
+def _trainer_log_tails(watcher: Watcher, lines: int = 25) -> str:
+    """The end of each trainer pod's log the runner kept, for a failing test to show why."""
+    tails = []
+    for local in watcher.stack.runner.pods.values():
+        if local.namespace != watcher.namespace or not local.name.startswith(f"{watcher.name}-"):
+            continue
+        if local.log_path.exists():
+            text = local.log_path.read_text(errors="replace").splitlines()[-lines:]
+            tails.append(f"--- {local.name}: {local.log_path.name} ---\n" + "\n".join(text))
+    return "".join(f"\n{tail}" for tail in tails)
 
 
 def _running_gang(

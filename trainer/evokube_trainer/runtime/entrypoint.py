@@ -44,8 +44,10 @@ def main() -> int:
         log.error("retriable failure: %s", err)
         write_termination_message(f"retriable failure: {err}")
         return exitcodes.RETRIABLE
-    except Exception:  # anything else may be the infrastructure: let the operator retry
+    except Exception as err:  # anything else may be the infrastructure: let the operator retry
         log.exception("trainer failed")
+        # The error itself, not the traceback's last lines the kubelet would take instead.
+        write_termination_message(f"unexpected failure: {type(err).__name__}: {err}")
         return exitcodes.RETRIABLE
 
 
