@@ -166,7 +166,7 @@ def throughput(row: str, args: argparse.Namespace) -> dict:
     import jax
 
     from evokube_trainer.runtime.executables import ExecutableStore, fingerprint
-    from evokube_trainer.workflows import StopAt, jit_workflow, make_workflow
+    from evokube_trainer.workflows import StopAt, env_steps_count, jit_workflow, make_workflow
 
     config = workflow_config(row, args.backend)
     workflow = make_workflow(config)
@@ -191,13 +191,13 @@ def throughput(row: str, args: argparse.Namespace) -> dict:
     count = max(1, min(64, int(1.0 / step_gen_s)))
     arguments = workflow.chunk_arguments(count, StopAt.of())
     generations = 0
-    before = int(state.env_steps)
+    before = int(env_steps_count(state))
     start = time.perf_counter()
     while generations < args.generations:
         state, _, done = steps(state, *arguments)
         generations += int(done)  # syncs, as the trainer's fetch of the metrics does
     elapsed = time.perf_counter() - start
-    steps = int(state.env_steps) - before
+    steps = int(env_steps_count(state)) - before
 
     parts, summary = None, None
     if args.profile:

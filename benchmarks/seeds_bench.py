@@ -66,7 +66,7 @@ def child(row: str, seeds: int, generations: int, profile: bool) -> dict:
     import jax
     import numpy as np
 
-    from evokube_trainer.workflows import StopAt, jit_workflow, make_workflow
+    from evokube_trainer.workflows import StopAt, env_steps_count, jit_workflow, make_workflow
 
     workflow = make_workflow(workflow_config(row), seeds=seeds)
     fns = jit_workflow(workflow, donate=True)
@@ -79,13 +79,13 @@ def child(row: str, seeds: int, generations: int, profile: bool) -> dict:
     # Chunks of about a second, as the trainer sizes them (the same executable: count is traced).
     count = max(1, min(64, int(1.0 / (time.perf_counter() - start))))
     arguments = workflow.chunk_arguments(count, StopAt.of())
-    done_generations, before = 0, int(np.sum(state.env_steps))
+    done_generations, before = 0, int(np.sum(env_steps_count(state)))
     start = time.perf_counter()
     while done_generations < generations:
         state, _, done = fns.steps(state, *arguments)
         done_generations += int(done)  # syncs, as the trainer's fetch of the metrics does
     elapsed = time.perf_counter() - start
-    steps = int(np.sum(state.env_steps)) - before
+    steps = int(np.sum(env_steps_count(state))) - before
     summary = None
     if profile:  # one generation's device ops
         (state, _, _), ops, _ = traced(lambda: fns.steps(state, *one))

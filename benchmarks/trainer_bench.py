@@ -33,6 +33,7 @@ from evokube_trainer.workflows import (
     ERLConfig,
     PBTConfig,
     ReplayConfig,
+    env_steps_count,
     make_workflow,
 )
 
@@ -125,13 +126,13 @@ def bench(algo: str, env_name: str, args: argparse.Namespace) -> dict:
     compile_s = time.perf_counter() - start
 
     state, _ = jax.block_until_ready(step(state))  # one untimed generation
-    steps_before = int(state.env_steps)
+    steps_before = int(env_steps_count(state))
     start = time.perf_counter()
     for _ in range(args.generations):
         state, metrics = step(state)
     jax.block_until_ready(metrics)
     elapsed = time.perf_counter() - start
-    env_steps = int(state.env_steps) - steps_before
+    env_steps = int(env_steps_count(state)) - steps_before
     learner = getattr(workflow.learner, "members", workflow.learner)  # PBT's: its agents'
     updates = getattr(learner, "num_updates", 0)
     return {

@@ -73,6 +73,7 @@ def buffer_state(capacity, items, generation=3):
     return WorkflowState(
         generation=jnp.int32(generation),
         env_steps=jnp.int32(10 * generation),
+        env_steps_high=jnp.int32(0),
         key=jnp.zeros((2,), jnp.uint32),
         ec={"mean": jnp.full((4,), 0.5, jnp.float32)},
         replay=replay,

@@ -122,3 +122,42 @@ def test_a_checkpoint_that_cannot_be_resharded_stops_the_run_with_its_reason(tmp
     verdict = failure.verdict(found, restarts=0, max_restarts=3)
     assert (verdict.restart, verdict.reason) == (False, api.REASON_PERMANENT_FAILURE)
     assert verdict.message == f"host 0 (pod reshaped-0-0-x) exited with code 78: {reason}"
+
+
+def test_a_checkpoint_from_before_the_two_word_step_count_resumes_and_counts_on(tmp_path):
+    """Checkpoints written before env steps were counted in two words hold one int32 count
+    (wrapped past 2**31 on a long run) and no `env_steps_high`: a newer trainer resumes them,
+    across processes too, and counts on from where they were."""
+    import jax.numpy as jnp
+
+    from evokube_trainer.runtime import manifest
+    from evokube_trainer.runtime.checkpoints import Checkpointer
+    from evokube_trainer.runtime.config import to_run_config
+    from evokube_trainer.workflows import make_workflow
+
+    name = "old-count"
+    doc = first_life(tmp_path, name, hosts=1, devices=1)
+    # Rewrite checkpoint 1 as an older trainer wrote it, its count past 2**31 (int32: wrapped).
+    config = to_run_config(manifest.load(tmp_path / f"{name}.yaml"))
+    template = make_workflow(config.workflow, None, config.seeds).state_shapes()
+    checkpointer = Checkpointer(
+        tmp_path / "runs" / name / "checkpoints", interval=1, keep=config.checkpoint_keep
+    )
+    state, step = checkpointer.restore_latest(template)
+    record = checkpointer._saved_layout(step)
+    count = 2**31 + 1000
+    old = state.replace(env_steps=jnp.asarray(count - 2**32, jnp.int32), env_steps_high=None)
+    checkpointer.save(step, old, record)
+    assert "env_steps_high" not in checkpointer._saved_shapes(step)
+    checkpointer.close()
+
+    code, out = finish(start_run(tmp_path, changed(doc, generations=3, hosts=2)))
+    assert code == 0, out
+    log = (tmp_path / "runs" / name / "logs" / "process-0.log").read_text()
+    assert "resumed from checkpoint at generation 1" in log
+    rows = history(tmp_path, name)
+    per_generation = 8 * EPISODE  # one episode a member (CEM-RL's actors are members)
+    assert [(r["generation"], r["env_steps"]) for r in rows[1:]] == [
+        (2, count + per_generation),
+        (3, count + 2 * per_generation),
+    ]

@@ -18,6 +18,8 @@ from evokube_trainer.agents import SACConfig, SACState, SoftCriticState, TD3Conf
 from evokube_trainer.recorders import MemoryRecorder
 from evokube_trainer.runtime.checkpoints import Checkpointer, IncompatibleCheckpoint
 from evokube_trainer.workflows import (
+    ADDED_STATE_LEAVES,
+    ENV_STEPS_WORD,
     CEMRLConfig,
     ECConfig,
     EnvConfig,
@@ -25,8 +27,10 @@ from evokube_trainer.workflows import (
     ReplayConfig,
     SharedCriticState,
     StopAt,
+    env_steps_count,
     jit_workflow,
     make_workflow,
+    upgraded,
 )
 
 PENDULUM = "gymnax/Pendulum-v1"
@@ -483,6 +487,80 @@ def test_learn_calls_the_hook_and_stops_on_env_steps(tiny_erl):
     )
     assert seen == [(1, 256 + 240), (2, 256 + 480)]
     assert int(final.generation) == 2
+
+
+def _with_count(state, count: int):
+    """`state` with its env-step count set to `count` (both words)."""
+    high, low = divmod(count, ENV_STEPS_WORD)
+    return state.replace(env_steps_high=jnp.int32(high), env_steps=jnp.int32(low))
+
+
+def test_env_steps_count_past_the_int32_range_and_stop_there(tiny_erl):
+    workflow, fns = tiny_erl
+    state = fns.init(jax.random.PRNGKey(0))  # 256 warm-up steps, then 240 per generation
+    # Just below 2**31 - 1, the int32 limit, and a word boundary of the low word on the way.
+    start = 2**31 - 100
+    state, _, done = fns.steps(_with_count(state, start), *workflow.chunk_arguments(3, StopAt.of()))
+    assert int(done) == 3
+    assert int(env_steps_count(state)) == start + 3 * 240  # past 2**31: no wrap
+    assert 0 <= int(state.env_steps) < ENV_STEPS_WORD and int(state.env_steps_high) == 2
+    # The device's stop check reads both words: a count above every int32 threshold stops.
+    state, _, done = fns.steps(
+        _with_count(state, 5 * ENV_STEPS_WORD + 1),
+        *workflow.chunk_arguments(3, StopAt.of(env_steps=2**31 - 1)),
+    )
+    assert int(done) == 1
+    # ... and one below a threshold in the high word does not stop before reaching it.
+    threshold = ENV_STEPS_WORD + 500
+    state, _, done = fns.steps(
+        _with_count(state, ENV_STEPS_WORD - 10),
+        *workflow.chunk_arguments(5, StopAt.of(env_steps=threshold)),
+    )
+    assert int(done) == 3  # 240, 480 (< 510 to go), 720
+    assert int(env_steps_count(state)) == ENV_STEPS_WORD - 10 + 720
+
+
+def test_learn_reports_env_steps_past_the_int32_range(tiny_erl):
+    workflow, fns = tiny_erl
+    start = 3 * 2**31 + 7  # a long run on a fast chip
+    state = _with_count(fns.init(jax.random.PRNGKey(0)), start)
+    recorder = MemoryRecorder()
+    workflow.learn(
+        state,
+        stop=lambda m: m["generation"] >= 2,
+        recorders=[recorder],
+        eval_every=0,
+        jitted=fns,
+    )
+    counts = [metrics["env_steps"] for _, metrics in recorder.records]
+    assert counts == [start + 240, start + 480]
+    assert all(isinstance(count, int) for count in counts)
+    throughput = [metrics["time/env_steps_per_s"] for _, metrics in recorder.records]
+    assert all(rate > 0 for rate in throughput)
+
+
+def test_a_checkpoint_with_a_one_word_count_restores_split_into_two(tiny_erl, tmp_path):
+    """Checkpoints written before the count had two words lack `env_steps_high`: they restore
+    without it, and `upgraded` splits their int32 count (read as uint32: one that had wrapped
+    past 2**31 too)."""
+    workflow, fns = tiny_erl
+    state = fns.init(jax.random.PRNGKey(0))
+    checkpointer = Checkpointer(tmp_path / "checkpoints", interval=1, keep=3)
+    for generation, old_count in ((1, 1234), (2, -(2**31) + 5)):  # the second had wrapped
+        old = state.replace(env_steps=jnp.int32(old_count), env_steps_high=None)
+        checkpointer.save(generation, old)
+    assert "env_steps_high" not in checkpointer._saved_shapes(2)  # the old layout
+    template = workflow.state_shapes()
+    with pytest.raises(IncompatibleCheckpoint):  # without `added`, a leaf is missing
+        checkpointer.restore_latest(template)
+    restored, generation = checkpointer.restore_latest(template, added=ADDED_STATE_LEAVES)
+    assert generation == 2 and restored.env_steps_high is None
+    restored = upgraded(restored)
+    assert int(env_steps_count(restored)) == 2**31 + 5
+    stepped, _ = fns.step(restored)  # the program of a fresh state takes it
+    assert int(env_steps_count(stepped)) == 2**31 + 5 + 240
+    assert upgraded(stepped) is stepped  # a whole state is left as it is
+    checkpointer.close()
 
 
 # ---- learning ------------------------------------------------------------------------------

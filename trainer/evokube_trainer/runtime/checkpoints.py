@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import jax
@@ -133,7 +133,11 @@ class Checkpointer:
         return os.path.join(self.directory, str(step))
 
     def restore_latest(
-        self, template: Any, layout: Mapping[str, Any] | None = None
+        self,
+        template: Any,
+        layout: Mapping[str, Any] | None = None,
+        *,
+        added: Collection[str] = (),
     ) -> tuple[Any, int] | None:
         """The newest readable checkpoint restored into `template`'s layout, with its generation;
         None when there is no checkpoint at all.
@@ -142,8 +146,9 @@ class Checkpointer:
         (`jax.ShapeDtypeStruct(..., sharding=...)`) to restore a state spread over devices and
         processes. `layout` is this run's record (as `save` takes it), compared with the
         checkpoint's to name the spec fields that changed when the shapes do not fit.
+        `added`: leaves a newer trainer added to the state; a checkpoint written before them
+        restores without them, and they come back as None, for the caller to fill.
         """
-        wanted = shapes_of(template)
         failures = []
         for step in reversed(self.steps()):
             try:
@@ -152,11 +157,14 @@ class Checkpointer:
                 log.warning("skipping checkpoint %d in %s: %s", step, self.directory, err)
                 failures.append((step, err))
                 continue
+            lacking = (set(shapes_of(template)) - set(saved)) & set(added)
+            target = _without(template, lacking)
+            wanted = shapes_of(target)
             resize = _resizable_difference(saved, wanted)
             if resize is None:
                 raise IncompatibleCheckpoint(self._refusal(step, saved, wanted, layout))
             try:
-                restored = self._restore(step, template, saved if resize else None)
+                restored = self._restore(step, target, saved if resize else None)
             except Exception as err:
                 log.warning("skipping checkpoint %d in %s: %s", step, self.directory, err)
                 failures.append((step, err))
@@ -234,6 +242,15 @@ class Checkpointer:
 
     def close(self) -> None:
         self._manager.close()
+
+
+def _without(tree: Any, names: Collection[str]) -> Any:
+    """`tree` with the leaves named `names` replaced by None (no leaf)."""
+    if not names:
+        return tree
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: None if _leaf_name(path) in names else leaf, tree
+    )
 
 
 def _shape(entry) -> str:

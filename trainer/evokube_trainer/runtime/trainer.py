@@ -47,11 +47,14 @@ from evokube_trainer.runtime.executables import ExecutableStore, fingerprint
 from evokube_trainer.runtime.metrics import TrainerMetrics
 from evokube_trainer.runtime.status import SeedProgress, StatusReporter
 from evokube_trainer.workflows import (
+    ADDED_STATE_LEAVES,
     PBT_HYPERPARAMETERS,
     actor_network,
+    env_steps_count,
     replica_seed,
     replica_values,
     to_environment_spec,
+    upgraded,
 )
 
 log = logging.getLogger(__name__)
@@ -343,9 +346,11 @@ def train(
             interval=config.checkpoint_interval,
             keep=config.checkpoint_keep,
         )
-        restored = checkpointer.restore_latest(_restore_template(workflow, layout), record)
+        restored = checkpointer.restore_latest(
+            _restore_template(workflow, layout), record, added=ADDED_STATE_LEAVES
+        )
         if restored is not None:
-            state, generation = restored
+            state, generation = upgraded(restored[0]), restored[1]
             log.info("resumed from checkpoint at generation %d", generation)
     if state is None:
         state = fns.init(key)
@@ -365,7 +370,7 @@ def train(
 
     # With several seeds these are [seeds]: the generation is every replica's, the env steps
     # (as the stopping rules read them) the most any replica took.
-    generation, env_steps = int(np.max(state.generation)), int(np.max(state.env_steps))
+    generation, env_steps = int(np.max(state.generation)), int(np.max(env_steps_count(state)))
     if (config.max_generations and generation >= config.max_generations) or (
         config.max_env_steps and env_steps >= config.max_env_steps
     ):

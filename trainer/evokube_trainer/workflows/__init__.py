@@ -44,21 +44,27 @@ from evokube_trainer.workflows._spec import (
     to_environment_spec,
 )
 from evokube_trainer.workflows._workflow import (
+    ADDED_STATE_LEAVES,
     CHUNK_CAPACITY,
+    ENV_STEPS_WORD,
     PARTS,
     SEED_METRICS,
     JittedWorkflow,
     StopAt,
     Workflow,
     WorkflowState,
+    env_steps_count,
     jit_workflow,
     replica_seed,
     replica_values,
     seed_metrics,
+    upgraded,
 )
 
 __all__ = [
+    "ADDED_STATE_LEAVES",
     "CHUNK_CAPACITY",
+    "ENV_STEPS_WORD",
     "KINDS",
     "OPTIMIZERS",
     "PARTS",
@@ -88,6 +94,7 @@ __all__ = [
     "WorkflowState",
     "actor_network",
     "env_from_config",
+    "env_steps_count",
     "episode_length_of",
     "jit_workflow",
     "make_optimizer",
@@ -99,4 +106,5 @@ __all__ = [
     "slice_index",
     "to_env_config",
     "to_environment_spec",
+    "upgraded",
 ]

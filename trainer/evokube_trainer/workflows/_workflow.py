@@ -86,12 +86,21 @@ PARTS = ("ask", "rl_update", "rollout", "replay_add", "merge", "tell")
 CHUNK_CAPACITY = 64
 # The metrics `learn` reports per replica too, as `seed/<i>/<name>`, when there are several.
 SEED_METRICS = ("ec/fitness_max", "ec/fitness_mean", "eval/return_mean", "env_steps")
+# Env steps are counted on the device in two int32 words (jax runs without x64, and one chip
+# passes 2**31 agent steps within the hour: Brax at 0.7M steps/s, 8 seeds of a small ES at
+# 60M each): `WorkflowState.env_steps` holds the count below ENV_STEPS_WORD and
+# `env_steps_high` the whole ENV_STEPS_WORDs. One generation adds at most 1e9 < 2**30 steps
+# (the CRD's bound), so the low word never overflows before it carries.
+ENV_STEPS_WORD = 2**30
 
 
 @struct.dataclass
 class WorkflowState:
     generation: Array  # [] int32 generations completed
-    env_steps: Array  # [] int32 agent steps sampled so far, warm-up included (< 2**31)
+    # Agent steps sampled so far, warm-up included, in two words (ENV_STEPS_WORD): the count
+    # is `env_steps_high * ENV_STEPS_WORD + env_steps`; read it with `env_steps_count`.
+    env_steps: Array  # [] int32 the count below ENV_STEPS_WORD
+    env_steps_high: Array  # [] int32 the count's whole ENV_STEPS_WORDs
     key: Array  # [2] uint32 PRNG key, split once per generation
     ec: Any  # the EC optimizer's state (search distribution or population); None without one
     learner: Any = None  # the RL learner's state; None for pure EC
@@ -105,14 +114,14 @@ class StopAt:
     """Where `Workflow.steps` ends a run of generations early, on the device: once the env
     steps (warm-up included) reach `env_steps`, or the best fitness reaches `fitness`."""
 
-    env_steps: Array  # [] int32
+    env_steps: Array  # [] int32 (the CRD caps maxEnvSteps at 1e9); negative: never
     fitness: Array  # [] float32
 
     @classmethod
     def of(cls, env_steps: int | None = None, fitness: float | None = None) -> StopAt:
         """Thresholds from optional limits (None: never)."""
         return cls(
-            env_steps=np.int32(np.iinfo(np.int32).max if env_steps is None else env_steps),
+            env_steps=np.int32(-1 if env_steps is None else env_steps),
             fitness=np.float32(np.inf if fitness is None else fitness),
         )
 
@@ -206,6 +215,7 @@ class Workflow:
         state = WorkflowState(
             generation=jnp.zeros((), jnp.int32),
             env_steps=jnp.zeros((), jnp.int32),
+            env_steps_high=jnp.zeros((), jnp.int32),
             key=key,
             ec=ec_state,
             obs_stats=obs_stats,
@@ -216,7 +226,7 @@ class Workflow:
         if warm_up and self.warmup_env is not None and self.warmup_steps_per_env > 0:
             transitions = random_transitions(self.warmup_env, self.warmup_steps_per_env, warmup_key)
             replay = self.buffer.add(replay, transitions)
-            num_random = self.warmup_steps_per_env * self.warmup_env.num_envs
+            num_random = self.warmup_steps_per_env * self.warmup_env.num_envs  # <= 1e8
             state = state.replace(env_steps=jnp.asarray(num_random, jnp.int32))
             if obs_stats is not None:  # as EvoRL's ERL: the warm-up seeds the statistics
                 state = state.replace(obs_stats=update_running_stats(obs_stats, transitions.obs))
@@ -323,9 +333,13 @@ class Workflow:
                     "fitness_max": jnp.max(actor_fitness),
                     "fitness_mean": jnp.mean(actor_fitness),
                 }
+        env_steps_high, env_steps = add_env_steps(
+            state.env_steps_high, state.env_steps, result.env_steps
+        )
         state = WorkflowState(
             generation=state.generation + 1,
-            env_steps=state.env_steps + result.env_steps,
+            env_steps=env_steps,
+            env_steps_high=env_steps_high,
             key=key,
             ec=ec_state,
             learner=learner_state,
@@ -337,7 +351,8 @@ class Workflow:
             result.episode_lengths.astype(jnp.float32)
         )
         metrics["generation"] = state.generation
-        metrics["env_steps"] = state.env_steps
+        metrics["env_steps"] = state.env_steps  # the low word: `learn` reads both
+        metrics["env_steps_high"] = state.env_steps_high
         return state, metrics
 
     def steps(
@@ -365,8 +380,11 @@ class Workflow:
             done, state, rows, _ = carry
             state, metrics = self.step(state)
             rows = jax.tree.map(lambda row, value: row.at[done].set(value), rows, metrics)
+            reached = env_steps_reached(
+                metrics["env_steps_high"], metrics["env_steps"], stop_at.env_steps
+            )
             stopped = (
-                (jnp.max(metrics["env_steps"]) >= stop_at.env_steps)
+                jnp.any(reached)
                 | (jnp.mean(metrics["ec/fitness_max"]) >= stop_at.fitness)
                 | ~jnp.all(jnp.isfinite(metrics["ec/fitness_mean"]))
             )
@@ -468,7 +486,7 @@ class Workflow:
         recorders = tuple(recorders)
         stop_at = stop_at if stop_at is not None else StopAt.of()
         generation = int(np.max(jax.device_get(state.generation)))
-        env_steps = int(np.sum(jax.device_get(state.env_steps)))  # every replica's
+        env_steps = int(np.sum(env_steps_count(state)))  # every replica's
         count = 1
         while True:
             if eval_every:
@@ -476,6 +494,7 @@ class Workflow:
             start = time.perf_counter()
             state, rows, done = fns.steps(state, *self.chunk_arguments(count, stop_at))
             rows, done = jax.device_get((rows, done))  # waits for the chunk to finish
+            rows = _counted_env_steps(rows)
             step_seconds = (time.perf_counter() - start) / int(done)
             for row in range(int(done)):
                 values = {name: column[row] for name, column in rows.items()}
@@ -578,6 +597,51 @@ def _obs_stats_metrics(stats: RunningStats) -> Metrics:
         "obs_norm/std_min": jnp.min(std),
         "obs_norm/std_max": jnp.max(std),
     }
+
+
+def add_env_steps(high: Array, low: Array, new: Array) -> tuple[Array, Array]:
+    """The two-word env-step count `(high, low)` plus `new` steps (`new` < 2**30)."""
+    low = low + new  # < 2**31: both terms are below 2**30
+    return high + low // ENV_STEPS_WORD, low % ENV_STEPS_WORD
+
+
+def env_steps_reached(high: Array, low: Array, threshold: Array) -> Array:
+    """Whether the two-word count has reached `threshold` (an int32; negative: never)."""
+    threshold_high, threshold_low = threshold // ENV_STEPS_WORD, threshold % ENV_STEPS_WORD
+    reached = (high > threshold_high) | ((high == threshold_high) & (low >= threshold_low))
+    return reached & (threshold >= 0)
+
+
+# Leaves WorkflowState gained after checkpoints of it were first written: such a checkpoint
+# restores without them (`Checkpointer.restore_latest(added=...)`), then `upgraded` fills them.
+ADDED_STATE_LEAVES = ("env_steps_high",)
+
+
+def upgraded(state: WorkflowState) -> WorkflowState:
+    """A state restored from an older checkpoint (`ADDED_STATE_LEAVES` None) made whole: its
+    one-word env-step count split into two words. That count was an int32 that wrapped past
+    2**31; read as uint32 it is exact below 2**32."""
+    if state.env_steps_high is not None:
+        return state
+    count = state.env_steps.astype(jnp.uint32)
+    return state.replace(
+        env_steps_high=(count // ENV_STEPS_WORD).astype(jnp.int32),
+        env_steps=(count % ENV_STEPS_WORD).astype(jnp.int32),
+    )
+
+
+def env_steps_count(state: WorkflowState) -> np.ndarray:
+    """The state's env steps on the host, as int64 (`[]`, or `[seeds]` with several)."""
+    high, low = jax.device_get((state.env_steps_high, state.env_steps))
+    return np.asarray(high, np.int64) * ENV_STEPS_WORD + np.asarray(low, np.int64)
+
+
+def _counted_env_steps(rows: Mapping[str, Any]) -> dict[str, Any]:
+    """Host metric rows with `env_steps` the whole count (int64) and its high word dropped."""
+    rows = dict(rows)
+    high = np.asarray(rows.pop("env_steps_high"), np.int64)
+    rows["env_steps"] = high * ENV_STEPS_WORD + np.asarray(rows["env_steps"], np.int64)
+    return rows
 
 
 def seed_metrics(values: Mapping[str, Any], seeds: int) -> dict[str, float]:
