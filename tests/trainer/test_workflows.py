@@ -547,7 +547,11 @@ def test_a_checkpoint_with_a_one_word_count_restores_split_into_two(tiny_erl, tm
     state = fns.init(jax.random.PRNGKey(0))
     checkpointer = Checkpointer(tmp_path / "checkpoints", interval=1, keep=3)
     for generation, old_count in ((1, 1234), (2, -(2**31) + 5)):  # the second had wrapped
-        old = state.replace(env_steps=jnp.int32(old_count), env_steps_high=None)
+        # What an older trainer saved: the state's fields but the new one (Orbax keeps a
+        # dataclass as the mapping of its fields).
+        fields = dataclasses.fields(state)
+        old = {f.name: getattr(state, f.name) for f in fields if f.name != "env_steps_high"}
+        old["env_steps"] = jnp.int32(old_count)
         checkpointer.save(generation, old)
     assert "env_steps_high" not in checkpointer._saved_shapes(2)  # the old layout
     template = workflow.state_shapes()

@@ -22,6 +22,7 @@ takes part in each save and restore.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Collection, Mapping
@@ -146,8 +147,9 @@ class Checkpointer:
         (`jax.ShapeDtypeStruct(..., sharding=...)`) to restore a state spread over devices and
         processes. `layout` is this run's record (as `save` takes it), compared with the
         checkpoint's to name the spec fields that changed when the shapes do not fit.
-        `added`: leaves a newer trainer added to the state; a checkpoint written before them
-        restores without them, and they come back as None, for the caller to fill.
+        `added`: fields a newer trainer added to the state's dataclass (top-level leaves); a
+        checkpoint written before them restores without them, and they come back as None, for
+        the caller to fill.
         """
         failures = []
         for step in reversed(self.steps()):
@@ -169,6 +171,7 @@ class Checkpointer:
                 log.warning("skipping checkpoint %d in %s: %s", step, self.directory, err)
                 failures.append((step, err))
                 continue
+            restored = _with_fields(template, restored, lacking)
             if resize:
                 restored = _relaid_replay(restored, template)
                 old, new = saved[resize[0]][0][0], wanted[resize[0]][0][0]
@@ -245,12 +248,21 @@ class Checkpointer:
 
 
 def _without(tree: Any, names: Collection[str]) -> Any:
-    """`tree` with the leaves named `names` replaced by None (no leaf)."""
+    """A dataclass `tree` as the mapping of its fields but `names`: what a checkpoint written
+    before those fields were added holds (Orbax keeps a dataclass as the mapping of its fields,
+    and refuses a target with a field the checkpoint lacks, even a None one)."""
     if not names:
         return tree
-    return jax.tree_util.tree_map_with_path(
-        lambda path, leaf: None if _leaf_name(path) in names else leaf, tree
-    )
+    fields = dataclasses.fields(tree)
+    return {f.name: getattr(tree, f.name) for f in fields if f.name not in names}
+
+
+def _with_fields(template: Any, restored: Any, names: Collection[str]) -> Any:
+    """`restored` (restored into `_without(template, names)`) as `template`'s dataclass again,
+    with None for `names`."""
+    if not names:
+        return restored
+    return type(template)(**restored, **dict.fromkeys(names))
 
 
 def _shape(entry) -> str:
