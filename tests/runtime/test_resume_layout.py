@@ -128,14 +128,11 @@ def test_a_checkpoint_from_before_the_two_word_step_count_resumes_and_counts_on(
     """Checkpoints written before env steps were counted in two words hold one int32 count
     (wrapped past 2**31 on a long run) and no `env_steps_high`: a newer trainer resumes them,
     across processes too, and counts on from where they were."""
-    import dataclasses
-
-    import jax.numpy as jnp
-
     from evokube_trainer.runtime import manifest
     from evokube_trainer.runtime.checkpoints import Checkpointer
     from evokube_trainer.runtime.config import to_run_config
     from evokube_trainer.workflows import make_workflow
+    from tests.trainer.test_workflows import older_trainers_state
 
     name = "old-count"
     doc = first_life(tmp_path, name, hosts=1, devices=1)
@@ -148,11 +145,7 @@ def test_a_checkpoint_from_before_the_two_word_step_count_resumes_and_counts_on(
     state, step = checkpointer.restore_latest(template)
     record = checkpointer._saved_layout(step)
     count = 2**31 + 1000
-    # An older trainer's checkpoint: the state's fields but the new one, its count one int32.
-    old = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
-    del old["env_steps_high"]
-    old["env_steps"] = jnp.asarray(count - 2**32, jnp.int32)
-    checkpointer.save(step, old, record)
+    checkpointer.save(step, older_trainers_state(state, count), record)
     assert "env_steps_high" not in checkpointer._saved_shapes(step)
     checkpointer.close()
 

@@ -539,6 +539,16 @@ def test_learn_reports_env_steps_past_the_int32_range(tiny_erl):
     assert all(rate > 0 for rate in throughput)
 
 
+def older_trainers_state(state, count: int) -> dict:
+    """`state` as a trainer before the two-word count saved it: the mapping of its fields (as
+    Orbax keeps a dataclass) without `env_steps_high`, `count` in one int32 (wrapped past
+    2**31)."""
+    old = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
+    del old["env_steps_high"]
+    old["env_steps"] = jnp.asarray(np.int64(count).astype(np.int32), jnp.int32)
+    return old
+
+
 def test_a_checkpoint_with_a_one_word_count_restores_split_into_two(tiny_erl, tmp_path):
     """Checkpoints written before the count had two words lack `env_steps_high`: they restore
     without it, and `upgraded` splits their int32 count (read as uint32: one that had wrapped
@@ -546,13 +556,8 @@ def test_a_checkpoint_with_a_one_word_count_restores_split_into_two(tiny_erl, tm
     workflow, fns = tiny_erl
     state = fns.init(jax.random.PRNGKey(0))
     checkpointer = Checkpointer(tmp_path / "checkpoints", interval=1, keep=3)
-    for generation, old_count in ((1, 1234), (2, -(2**31) + 5)):  # the second had wrapped
-        # What an older trainer saved: the state's fields but the new one (Orbax keeps a
-        # dataclass as the mapping of its fields).
-        fields = dataclasses.fields(state)
-        old = {f.name: getattr(state, f.name) for f in fields if f.name != "env_steps_high"}
-        old["env_steps"] = jnp.int32(old_count)
-        checkpointer.save(generation, old)
+    for generation, count in ((1, 1234), (2, 2**31 + 5)):  # the second had wrapped
+        checkpointer.save(generation, older_trainers_state(state, count))
     assert "env_steps_high" not in checkpointer._saved_shapes(2)  # the old layout
     template = workflow.state_shapes()
     with pytest.raises(IncompatibleCheckpoint):  # without `added`, a leaf is missing

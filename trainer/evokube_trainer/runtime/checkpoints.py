@@ -151,6 +151,7 @@ class Checkpointer:
         checkpoint written before them restores without them, and they come back as None, for
         the caller to fill.
         """
+        names = set(shapes_of(template))
         failures = []
         for step in reversed(self.steps()):
             try:
@@ -159,7 +160,7 @@ class Checkpointer:
                 log.warning("skipping checkpoint %d in %s: %s", step, self.directory, err)
                 failures.append((step, err))
                 continue
-            lacking = (set(shapes_of(template)) - set(saved)) & set(added)
+            lacking = (names - set(saved)) & set(added)
             target = _without(template, lacking)
             wanted = shapes_of(target)
             resize = _resizable_difference(saved, wanted)

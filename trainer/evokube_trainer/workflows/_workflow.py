@@ -632,16 +632,19 @@ def upgraded(state: WorkflowState) -> WorkflowState:
 
 def env_steps_count(state: WorkflowState) -> np.ndarray:
     """The state's env steps on the host, as int64 (`[]`, or `[seeds]` with several)."""
-    high, low = jax.device_get((state.env_steps_high, state.env_steps))
-    return np.asarray(high, np.int64) * ENV_STEPS_WORD + np.asarray(low, np.int64)
+    return _joined(*jax.device_get((state.env_steps_high, state.env_steps)))
 
 
 def _counted_env_steps(rows: Mapping[str, Any]) -> dict[str, Any]:
     """Host metric rows with `env_steps` the whole count (int64) and its high word dropped."""
     rows = dict(rows)
-    high = np.asarray(rows.pop("env_steps_high"), np.int64)
-    rows["env_steps"] = high * ENV_STEPS_WORD + np.asarray(rows["env_steps"], np.int64)
+    rows["env_steps"] = _joined(rows.pop("env_steps_high"), rows["env_steps"])
     return rows
+
+
+def _joined(high: Any, low: Any) -> np.ndarray:
+    """The two words of host env-step counts (any shape) as one int64 count."""
+    return np.asarray(high, np.int64) * ENV_STEPS_WORD + np.asarray(low, np.int64)
 
 
 def seed_metrics(values: Mapping[str, Any], seeds: int) -> dict[str, float]:
