@@ -156,13 +156,18 @@ def child(args: argparse.Namespace) -> None:
             recorders=[FirstGeneration()],
         )
     report = {"first_generation_at": first[0] if first else None}
-    if args.throughput:
-        report.update(throughput(args.rows[0], args))
     opener.join()
-    print(json.dumps(report))
+    if args.throughput:
+        for measured in throughput(args.rows[0], args):
+            report.update(measured)
+            # A line per stage: a profile that outlives the timeout keeps the throughput.
+            print(json.dumps(report), flush=True)
+    else:
+        print(json.dumps(report), flush=True)
 
 
-def throughput(row: str, args: argparse.Namespace) -> dict:
+def throughput(row: str, args: argparse.Namespace):
+    """Yields the throughput figures, then (with --profile) the profile's."""
     import jax
 
     from evokube_trainer.runtime.executables import ExecutableStore, fingerprint
@@ -197,23 +202,27 @@ def throughput(row: str, args: argparse.Namespace) -> dict:
         state, _, done = steps(state, *arguments)
         generations += int(done)  # syncs, as the trainer's fetch of the metrics does
     elapsed = time.perf_counter() - start
-    steps = int(env_steps_count(state)) - before
-
-    parts, summary = None, None
-    if args.profile:
-        # One generation: a Brax generation alone is millions of traced kernels.
-        (state, _, _), ops, traced_s = traced(lambda: steps(state, *one))
-        parts, summary = profile_parts(ops, traced_s), busiest(ops)
-    return {
+    env_steps = int(env_steps_count(state)) - before
+    yield {
         "step_gen_per_s": 1.0 / step_gen_s,
         "trainer_gen_per_s": generations / elapsed,
-        "env_steps_per_s": steps / elapsed,
+        "env_steps_per_s": env_steps / elapsed,
         "chunk": count,
         "platform": jax.devices()[0].platform,
         "device_kind": jax.devices()[0].device_kind,
-        "parts_ms": parts,
-        "busiest": summary,
+        "parts_ms": None,
+        "busiest": None,
     }
+    if args.profile:
+        # One generation: a Brax generation alone is millions of traced kernels.
+        started = time.perf_counter()
+        _, ops, traced_s = traced(lambda: steps(state, *one))
+        yield {
+            "parts_ms": profile_parts(ops, traced_s),
+            "busiest": busiest(ops),
+            "traced_ops": len(ops or ()),
+            "profile_s": time.perf_counter() - started,
+        }
 
 
 def profile_parts(ops: list[dict] | None, wall_s: float) -> dict | None:
@@ -255,17 +264,29 @@ def spawn(row: str, directory: str, stop_at: int, args, throughput: bool = False
     command += ["--backend", args.backend] if args.backend else []
     command += ["--throughput"] if throughput else []
     command += [] if args.profile else ["--no-profile"]
-    log = os.path.join(args.logs or tempfile.gettempdir(), f"chip-bench-{row}-{stop_at}.log")
+    logs = args.logs or tempfile.gettempdir()
+    os.makedirs(logs, exist_ok=True)
+    log = os.path.join(logs, f"chip-bench-{row}-{stop_at}.log")
     spawned = time.time()
     with open(log, "w") as stderr:  # kept: a child that times out still shows where it was
-        done = subprocess.run(
-            command,
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            timeout=args.timeout,
-        )
+        try:
+            done = subprocess.run(
+                command,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                timeout=args.timeout,
+            )
+        except subprocess.TimeoutExpired as late:
+            # Its throughput line, if it got that far, is still a measurement.
+            printed = (
+                (late.stdout or b"").decode() if isinstance(late.stdout, bytes) else late.stdout
+            )
+            if not (printed or "").strip() or not throughput:
+                raise
+            print(f"# {row}: timed out after {args.timeout} s; its last report kept", flush=True)
+            done = subprocess.CompletedProcess(command, 0, printed, "")
     if done.returncode:
         raise RuntimeError(f"{row} exited {done.returncode}; its log: {log}")
     report = json.loads(done.stdout.strip().splitlines()[-1])
