@@ -1,5 +1,4 @@
 """Adapter from a gymnax environment to the Env API (one env, no resets, no time limit)."""
-# ruff: noqa: E402  (gymnax is imported after its rendering modules are made lazy)
 
 from __future__ import annotations
 
@@ -9,6 +8,14 @@ import importlib.util
 import sys
 import types
 from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from evokube_trainer.envs._base import Env, EnvState, as_flag, strong_types
+from evokube_trainer.envs._spaces import Box, Discrete, Space
 
 
 def _load_on_first_use(*names: str) -> None:
@@ -41,17 +48,16 @@ def _stand_in(name: str) -> types.ModuleType:
     return stand_in
 
 
-_load_on_first_use("seaborn", "matplotlib.pyplot")
+def _gymnax() -> types.ModuleType:
+    """gymnax, imported on the first gymnax env: importing it runs a jitted computation (its
+    FrozenLake module), which opens JAX's default device. A trainer that starts the chip in
+    the background (`distributed.open_devices_in_background`) would otherwise wait for it in
+    its imports, so the imports and the chip's start-up (5.5-8.6 s on a TPU v5e) could not
+    overlap; and a Brax workload needs no gymnax at all."""
+    _load_on_first_use("seaborn", "matplotlib.pyplot")
+    import gymnax
 
-import gymnax
-import jax
-import jax.numpy as jnp
-import numpy as np
-from flax import struct
-from gymnax.environments import spaces as gymnax_spaces
-
-from evokube_trainer.envs._base import Env, EnvState, as_flag, strong_types
-from evokube_trainer.envs._spaces import Box, Discrete, Space
+    return gymnax
 
 
 @struct.dataclass
@@ -61,6 +67,8 @@ class GymnaxInner:
 
 
 def _convert_space(space: Any) -> Space:
+    from gymnax.environments import spaces as gymnax_spaces
+
     if isinstance(space, gymnax_spaces.Discrete):
         return Discrete(int(space.n))
     if isinstance(space, gymnax_spaces.Box):
@@ -87,7 +95,7 @@ class GymnaxEnv(Env):
 
     @classmethod
     def create(cls, env_id: str, **env_kwargs) -> GymnaxEnv:
-        env, params = gymnax.make(env_id, **env_kwargs)
+        env, params = _gymnax().make(env_id, **env_kwargs)
         obs_shape = jax.eval_shape(env.reset_env, jax.random.key(0), params)[0].shape
         return cls(
             env=env,
