@@ -69,6 +69,26 @@ def test_seeds_bench_measures_several_seeds_against_one():
     assert state[1] == pytest.approx(2 * state[0], abs=0.1) and float(cells[1][7]) > 0
 
 
+def test_chip_bench_runs_a_row_on_the_cpu(tmp_path):
+    """benchmarks/chip_bench.py must still run without an accelerator (issue 23): the smallest
+    row's three trainer lives, throughput and profile, each life's log kept in --logs."""
+    run = subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "benchmarks.chip_bench", "--rows", "openes-64",
+         "--generations", "2", "--logs", str(tmp_path / "logs")],
+        cwd=BENCHMARKS.parent, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    lives = [line for line in run.stdout.splitlines() if line.startswith("# openes-64, life")]
+    assert [line.split(":")[0] for line in lives] == [f"# openes-64, life {n}" for n in (1, 2, 3)]
+    assert '"traced_ops": 0' in lives[2], lives[2]  # the profile ran: a CPU trace has no device ops
+    row = next(line for line in run.stdout.splitlines() if line.startswith("| OpenES gymnax"))
+    cells = [cell.strip() for cell in row.split("|")[1:-1]]
+    figures = [float(cell.rstrip("x").replace(",", "")) for cell in cells[1:]]
+    assert len(figures) == 9 and all(figure > 0 for figure in figures), cells
+    logs = sorted(path.name for path in (tmp_path / "logs").iterdir())
+    assert logs == [f"chip-bench-openes-64-{n}.log" for n in (1, 2, 3)]
+
+
 def test_run_resume_interrupts_a_run_and_the_same_command_resumes_it(tmp_path):
     """benchmarks/run_resume.py on a small manifest (CPU): the first life stops on Ctrl-C with
     a checkpoint (exit 75), the second resumes from it and runs to the end (exit 0)."""
