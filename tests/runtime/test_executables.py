@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import yaml
 
-from evokube_trainer.runtime.executables import ExecutableStore, fingerprint
+from evokube_trainer.runtime.executables import ExecutableStore, build_time, fingerprint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -91,6 +91,19 @@ def test_a_torn_file_is_compiled_over_with_a_warning(tmp_path, caplog):
     assert traces == []  # the compiled-over file is whole again
 
 
+def test_build_time_counts_what_the_block_traced_and_compiled():
+    def double(x):
+        return x * 2
+
+    jitted = jax.jit(double)
+    with build_time() as first:
+        jax.block_until_ready(jitted(jnp.ones(7)))
+    with build_time() as again:  # the same shapes: neither traced nor compiled again
+        jax.block_until_ready(jitted(jnp.ones(7)))
+    assert first["traced"] > 0 and first["compiled"] > 0, first
+    assert again == {"traced": 0.0, "compiled": 0.0}
+
+
 def test_the_fingerprint_names_the_configuration():
     assert fingerprint({"pop": 8}) == fingerprint({"pop": 8})
     assert fingerprint({"pop": 8}) != fingerprint({"pop": 16})
@@ -145,3 +158,9 @@ def test_a_resumed_run_loads_its_programs_and_trains_as_one_run(tmp_path):
     assert re.search(r"open [\d.]+ s after the process started", log), log
     assert re.search(r"started in [\d.]+ s: .* checkpoint restored [\d.]+ s", log), log
     assert history(resumed) == history(run(tmp_path / "whole", 6))
+    # A first start says how much of its state's init was building the init program.
+    first = (tmp_path / "whole" / "stored" / "logs" / "process-0.log").read_text()
+    assert re.search(
+        r"state initialized [\d.]+ s \(its program traced in [\d.]+ s, compiled in [\d.]+ s\)",
+        first,
+    ), first

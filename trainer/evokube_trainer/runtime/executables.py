@@ -20,7 +20,9 @@ the checkpoint's restore; the arguments' signature still decides whether a loade
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -28,7 +30,7 @@ import logging
 import os
 import pickle
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,12 @@ LIBRARIES = (
     "mujoco",
     "mujoco-mjx",
 )
+# JAX's monitoring events of building a program, by the part of a start-up they measure.
+BUILD_EVENTS = {
+    "/jax/core/compile/jaxpr_trace_duration": "traced",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration": "traced",  # lowering
+    "/jax/core/compile/backend_compile_duration": "compiled",
+}
 # Environment variables that change how XLA compiles.
 COMPILER_ENVIRONMENT = (ENV_XLA_FLAGS, "LIBTPU_INIT_ARGS", "JAX_ENABLE_X64", "JAX_PLATFORMS")
 
@@ -193,3 +201,33 @@ class ExecutableStore:
             partial.replace(path)  # over a torn file too
         except Exception as err:  # never fail a run for a cache
             log.warning("could not keep the compiled program %s: %s", path, err)
+
+
+_build_seconds: collections.Counter[str] = collections.Counter()
+
+
+def _count_build(event: str, duration: float, **_: Any) -> None:
+    part = BUILD_EVENTS.get(event)
+    if part is not None:
+        _build_seconds[part] += duration
+
+
+@functools.cache
+def _listen_to_builds() -> None:
+    jax.monitoring.register_event_duration_secs_listener(_count_build)
+
+
+@contextlib.contextmanager
+def build_time() -> Iterator[dict[str, float]]:
+    """The seconds JAX spent inside the block (in any thread) tracing and lowering programs
+    ("traced") and compiling them ("compiled"), filled in when the block ends: how much of a
+    call that builds its own program, such as the state's init, was building it."""
+    _listen_to_builds()
+    before = dict(_build_seconds)
+    spent: dict[str, float] = {}
+    try:
+        yield spent
+    finally:
+        spent.update(
+            {part: _build_seconds[part] - before.get(part, 0.0) for part in ("traced", "compiled")}
+        )

@@ -43,7 +43,7 @@ from evokube_trainer.recorders import Recorder
 from evokube_trainer.runtime import exitcodes, objectstore
 from evokube_trainer.runtime.checkpoints import Checkpointer, enable_compilation_cache
 from evokube_trainer.runtime.config import RunConfig
-from evokube_trainer.runtime.executables import ExecutableStore, fingerprint
+from evokube_trainer.runtime.executables import ExecutableStore, build_time, fingerprint
 from evokube_trainer.runtime.metrics import TrainerMetrics
 from evokube_trainer.runtime.status import SeedProgress, StatusReporter
 from evokube_trainer.workflows import (
@@ -352,17 +352,22 @@ def train(
         if restored is not None:
             state, generation = upgraded(restored[0]), restored[1]
             log.info("resumed from checkpoint at generation %d", generation)
+    building: dict[str, float] = {}
     if state is None:
-        state = fns.init(key)
+        with build_time() as building:
+            state = jax.block_until_ready(fns.init(key))
     # Where a (warm) start goes before its programs are loaded or compiled (logged apart).
     state_ready = time.perf_counter()
     log.info(
-        "started in %.1f s: set-up %.1f s, workflow (envs) %.1f s, %s %.1f s",
+        "started in %.1f s: set-up %.1f s, workflow (envs) %.1f s, %s %.1f s%s",
         state_ready - started,
         set_up - started,
         workflow_built - set_up,
         "checkpoint restored" if restored is not None else "state initialized",
         state_ready - workflow_built,
+        " (its program traced in {traced:.1f} s, compiled in {compiled:.1f} s)".format(**building)
+        if building
+        else "",
     )
     stop_at = StopAt.of(config.max_env_steps, config.target_fitness)
     if store is not None:
