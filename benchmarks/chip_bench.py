@@ -28,7 +28,9 @@ chunks of generations per call, as `Workflow.learn` does in a pod (chunks of abo
 Profile (unless --no-profile): a `jax.profiler` trace of one generation, its device time
 attributed to the generation's parts by their named scopes (`workflows.PARTS`); "host" is the
 wall time the device was idle. On a platform whose trace has no device ops (the CPU), the
-split is omitted.
+split is omitted. A TPU trace keeps about a million device ops, so a Brax generation's ends
+inside its rollout ("traced_ops" in the row's report line; benchmarks/README.md scales it); its
+parsing takes minutes, and a child past `--timeout` in it still reports its throughput.
 """
 
 from __future__ import annotations
