@@ -99,6 +99,17 @@ def test_a_grid_sweep_runs_to_completion_within_max_parallel_and_survives_a_rest
         if len(kids) == 6 and not unfinished(kids):
             break
         if len(uids) >= 4 and not restarted:  # an operator restart mid-sweep adopts
+            # Killed between a child's create and its Event, the Event is lost (Events are
+            # best-effort). With maxParallel children unfinished the operator creates none until
+            # this test finishes one, so it is killed once every child has its Event.
+            k8s.wait(
+                lambda: (
+                    len(unfinished(now := children(k8s, namespace))) == 2
+                    and sweep_events(k8s, namespace).count("ChildCreated") == len(now)
+                ),
+                "each child's ChildCreated Event before the restart",
+                60,
+            )
             operator.kill()
             operator.start()
             restarted = True
