@@ -47,6 +47,7 @@ __all__ = [
     "adam",
     "additive_noise",
     "apply_gradients",
+    "scan_sampled_updates",
     "scan_updates",
     "soft_update",
     "with_learning_rate",
@@ -108,13 +109,14 @@ class Agent(Protocol):
 
 
 def scan_updates(
-    update: Callable[[Any, Array, bool | None], tuple[Any, Metrics]],
+    update: Callable[[Any, Any, bool | None], tuple[Any, Metrics]],
     carry: Any,
-    keys: Array,
+    xs: Any,
     period: int,
 ) -> tuple[Any, Metrics]:
-    """`update(carry, key, actor_step)` once per key of `keys` `[U, ...]`, as one `lax.scan`;
-    the metrics stacked `[U, ...]`.
+    """`update(carry, x, actor_step)` once per row of `xs` (a pytree, leaves `[U, ...]`: the
+    steps' keys, with their batches when drawn ahead), as one `lax.scan`; the metrics stacked
+    `[U, ...]`.
 
     An agent whose actors step once every `period` critic steps (TD3) decides from its step
     count with a `lax.cond`, which under a `vmap` (ERL's K agents, a run's seeds) becomes a
@@ -123,18 +125,80 @@ def scan_updates(
     here (`actor_step` True/False): the same schedule, since the carried step count is a
     multiple of U (hence of `period`) whenever the learners call this (a generation trains all
     U steps or none). Otherwise `actor_step` is None and the agent decides."""
-    count = keys.shape[0]
+    count = jax.tree.leaves(xs)[0].shape[0]
     if period <= 1 or count % period:
-        return jax.lax.scan(lambda c, k: update(c, k, None), carry, keys)
+        return jax.lax.scan(lambda c, x: update(c, x, None), carry, xs)
 
-    def block(carry, block_keys):  # [period, ...]
-        carry, critic_only = jax.lax.scan(lambda c, k: update(c, k, False), carry, block_keys[:-1])
-        carry, last = update(carry, block_keys[-1], True)
+    def block(carry, block_xs):  # [period, ...]
+        head = jax.tree.map(lambda x: x[:-1], block_xs)
+        carry, critic_only = jax.lax.scan(lambda c, x: update(c, x, False), carry, head)
+        carry, last = update(carry, jax.tree.map(lambda x: x[-1], block_xs), True)
         return carry, jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), critic_only, last)
 
-    blocks = keys.reshape(count // period, period, *keys.shape[1:])
-    carry, metrics = jax.lax.scan(block, carry, blocks)
+    carry, metrics = jax.lax.scan(block, carry, _split_leading(xs, count // period))
     return carry, jax.tree.map(lambda m: m.reshape(count, *m.shape[2:]), metrics)
+
+
+# The most bytes of replay batches `scan_sampled_updates` draws ahead, per call: under ERL's
+# vmap of K agents and a run's seeds, K x seeds times this. The defaults' updates fit whole
+# (CEM-RL on Brax halfcheetah: 128 steps x 4 actors x 256 rows x 172 bytes = 22 MiB).
+DRAW_AHEAD_BYTES = 32 * 2**20
+
+
+def scan_sampled_updates(
+    update: Callable[[Any, Array, Any, bool | None], tuple[Any, Metrics]],
+    carry: Any,
+    keys: Array,
+    period: int,
+    draw: Callable[[Array], Any],
+    max_bytes: int = DRAW_AHEAD_BYTES,
+) -> tuple[Any, Metrics]:
+    """`scan_updates` of `update(carry, key, batch, actor_step)` with `batch = draw(key)` for
+    each step's key of `keys` `[U]`, the batches drawn ahead of the steps that use them.
+
+    Drawing a step's replay batch inside the update loop made U small gathers from the buffer
+    (and, with the buffer split over devices, U collectives); drawn ahead it is one gather per
+    chunk of steps, the same rows bitwise (each step's batch still comes from its own key; the
+    updates agree to float rounding, as XLA fuses the loop differently). Chunks hold at most
+    `max_bytes` of batches (at least one step, a whole block of `period` steps when `period`
+    divides U), so a large batch size does not hold every step's rows."""
+    count = keys.shape[0]
+    step_bytes = sum(
+        leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(jax.eval_shape(draw, keys[0]))
+    )
+    chunk = draw_ahead_steps(count, period, max_bytes // max(step_bytes, 1))
+
+    def run_chunk(carry, chunk_keys):  # [chunk]
+        batches = jax.vmap(draw)(chunk_keys)  # [chunk, ...]
+        return scan_updates(
+            lambda c, x, actor_step: update(c, x[0], x[1], actor_step),
+            carry,
+            (chunk_keys, batches),
+            period,
+        )
+
+    if chunk == count:
+        return run_chunk(carry, keys)
+    carry, metrics = jax.lax.scan(run_chunk, carry, _split_leading(keys, count // chunk))
+    return carry, jax.tree.map(lambda m: m.reshape(count, *m.shape[2:]), metrics)
+
+
+def draw_ahead_steps(count: int, period: int, fit: int) -> int:
+    """How many of `count` steps `scan_sampled_updates` draws at once: the most that divide
+    `count` and fit (`fit` steps' batches), whole blocks of `period` when `period` divides
+    `count` (a block needs its batches together), at least one step or block."""
+    unit = period if period > 1 and count % period == 0 else 1
+    blocks = count // unit
+    best = 1
+    for size in range(1, blocks + 1):
+        if blocks % size == 0 and size * unit <= fit:
+            best = size
+    return best * unit
+
+
+def _split_leading(xs: Any, parts: int) -> Any:
+    """Every leaf `[U, ...]` as `[parts, U // parts, ...]`."""
+    return jax.tree.map(lambda x: x.reshape(parts, x.shape[0] // parts, *x.shape[1:]), xs)
 
 
 def actor_branch(
@@ -295,16 +359,19 @@ class ActorCritic:
         """`num_updates` (static) calls of `update`, each on a fresh batch from the buffer
         (passed through `prepare` first when given, e.g. to normalize its observations).
 
-        Runs as one `lax.scan`; returns the final state and the metrics averaged over the steps.
+        Runs as one `lax.scan`, the batches drawn ahead (`scan_sampled_updates`); returns the
+        final state and the metrics averaged over the steps.
         """
 
-        def body(state, step_key, actor_step):
-            sample_key, update_key = jax.random.split(step_key)
+        def draw(step_key):
+            sample_key, _ = jax.random.split(step_key)
             batch = buffer.sample(buffer_state, sample_key)
-            if prepare is not None:
-                batch = prepare(batch)
+            return batch if prepare is None else prepare(batch)
+
+        def body(state, step_key, batch, actor_step):
+            _, update_key = jax.random.split(step_key)
             return self.update(state, batch, update_key, actor_step)
 
         keys = jax.random.split(key, num_updates)
-        state, metrics = scan_updates(body, state, keys, self.actor_period)
+        state, metrics = scan_sampled_updates(body, state, keys, self.actor_period, draw)
         return state, jax.tree.map(lambda x: jnp.mean(x, axis=0), metrics)

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from evokube_trainer.agents import Agent
-from evokube_trainer.agents.base import scan_updates
+from evokube_trainer.agents.base import scan_sampled_updates
 from evokube_trainer.ec import replace_worst
 from evokube_trainer.envs import RunningStats, normalize_obs
 from evokube_trainer.replay import ReplayBuffer, ReplayState, Transition
@@ -225,12 +225,15 @@ class SharedCritic:
         params = jax.vmap(self.unflatten)(population[:k])  # leaves [K, ...]
         actors = jax.vmap(agent.actor_state_from_params)(params)
 
-        def one_update(carry, step_key, actor_step):
-            critic, actors, step = carry
-            sample_key, update_key = jax.random.split(step_key)
+        def draw(step_key):
+            sample_key, _ = jax.random.split(step_key)
             sample_keys = jax.random.split(sample_key, k)
             batches = jax.vmap(self.buffer.sample, in_axes=(None, 0))(replay, sample_keys)  # [K, B]
-            batches = normalized_batch(batches, obs_stats)
+            return normalized_batch(batches, obs_stats)
+
+        def one_update(carry, step_key, batches, actor_step):
+            critic, actors, step = carry
+            _, update_key = jax.random.split(step_key)
             critic, actors, metrics = agent.shared_update(
                 critic, actors, step, batches, update_key, actor_step
             )
@@ -238,7 +241,7 @@ class SharedCritic:
 
         def train(carry):
             keys = jax.random.split(key, self.num_updates)
-            carry, metrics = scan_updates(one_update, carry, keys, agent.actor_period)
+            carry, metrics = scan_sampled_updates(one_update, carry, keys, agent.actor_period, draw)
             updated = metrics.pop("actor_updated")  # [U] 0/1
             summary = jax.tree.map(jnp.mean, metrics)
             # The actor loss averaged over the steps that really updated the actors.
