@@ -28,6 +28,7 @@ STEP_BYTES = 8 * 4 * (2 * OBS_DIM + ACTION_DIM + 3)
         (9, 2, 4, 3),  # 2 does not divide 9: single steps, the largest divisor of 9 that fits
         (128, 2, 0, 2),  # nothing fits: one block still
         (7, 1, 0, 1),
+        (0, 2, 10, 0),  # no steps (a learner never asks; the scan of none still runs)
     ],
 )
 def test_draw_ahead_steps_are_the_most_whole_blocks_that_divide_the_steps_and_fit(
@@ -64,8 +65,14 @@ def _scan_drawing_in_the_loop(buf, buffer_state, keys, period):
 
 @pytest.mark.parametrize(
     ("count", "period", "max_bytes"),
-    [(12, 2, 2**20), (12, 2, 5 * STEP_BYTES), (12, 1, 3 * STEP_BYTES), (9, 2, 3 * STEP_BYTES)],
-    ids=["one-chunk", "chunks-of-4", "chunks-of-3-period-1", "period-not-dividing"],
+    [
+        (12, 2, 2**20),
+        (12, 2, 5 * STEP_BYTES),
+        (12, 1, 3 * STEP_BYTES),
+        (9, 2, 3 * STEP_BYTES),
+        (0, 2, STEP_BYTES),
+    ],
+    ids=["one-chunk", "chunks-of-4", "chunks-of-3-period-1", "period-not-dividing", "no-steps"],
 )
 def test_each_step_sees_the_batch_its_key_draws_whatever_the_chunks(count, period, max_bytes):
     buf, buffer_state = _buffer()

@@ -135,7 +135,7 @@ def scan_updates(
         carry, last = update(carry, jax.tree.map(lambda x: x[-1], block_xs), True)
         return carry, jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), critic_only, last)
 
-    carry, metrics = jax.lax.scan(block, carry, _split_leading(xs, count // period))
+    carry, metrics = jax.lax.scan(block, carry, _split_leading(xs, period))
     return carry, jax.tree.map(lambda m: m.reshape(count, *m.shape[2:]), metrics)
 
 
@@ -163,8 +163,9 @@ def scan_sampled_updates(
     `max_bytes` of batches (at least one step, a whole block of `period` steps when `period`
     divides U), so a large batch size does not hold every step's rows."""
     count = keys.shape[0]
+    one_key = jax.ShapeDtypeStruct(keys.shape[1:], keys.dtype)
     step_bytes = sum(
-        leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(jax.eval_shape(draw, keys[0]))
+        leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(jax.eval_shape(draw, one_key))
     )
     chunk = draw_ahead_steps(count, period, max_bytes // max(step_bytes, 1))
 
@@ -179,14 +180,16 @@ def scan_sampled_updates(
 
     if chunk == count:
         return run_chunk(carry, keys)
-    carry, metrics = jax.lax.scan(run_chunk, carry, _split_leading(keys, count // chunk))
+    carry, metrics = jax.lax.scan(run_chunk, carry, _split_leading(keys, chunk))
     return carry, jax.tree.map(lambda m: m.reshape(count, *m.shape[2:]), metrics)
 
 
 def draw_ahead_steps(count: int, period: int, fit: int) -> int:
     """How many of `count` steps `scan_sampled_updates` draws at once: the most that divide
     `count` and fit (`fit` steps' batches), whole blocks of `period` when `period` divides
-    `count` (a block needs its batches together), at least one step or block."""
+    `count` (a block needs its batches together), at least one step or block (none of none)."""
+    if count == 0:
+        return 0
     unit = period if period > 1 and count % period == 0 else 1
     blocks = count // unit
     best = 1
@@ -196,9 +199,9 @@ def draw_ahead_steps(count: int, period: int, fit: int) -> int:
     return best * unit
 
 
-def _split_leading(xs: Any, parts: int) -> Any:
-    """Every leaf `[U, ...]` as `[parts, U // parts, ...]`."""
-    return jax.tree.map(lambda x: x.reshape(parts, x.shape[0] // parts, *x.shape[1:]), xs)
+def _split_leading(xs: Any, size: int) -> Any:
+    """Every leaf `[U, ...]` as `[U // size, size, ...]`."""
+    return jax.tree.map(lambda x: x.reshape(x.shape[0] // size, size, *x.shape[1:]), xs)
 
 
 def actor_branch(
