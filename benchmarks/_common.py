@@ -152,15 +152,21 @@ def traced(call: Callable[[], Any]) -> tuple[Any, list[dict] | None, float]:
 
 
 def busiest(ops: list[dict] | None) -> dict | None:
-    """A traced program's device time by HLO category and its busiest ops (as
-    `print_busiest` prints them); None without device ops."""
-    return {"categories": category_ms(ops), "top_ops": top_ops(ops)} if ops else None
+    """A traced program's device time by HLO category, by workflow part and category, and its
+    busiest ops (as `print_busiest` prints them); None without device ops."""
+    if not ops:
+        return None
+    return {"categories": category_ms(ops), "parts": part_categories(ops), "top_ops": top_ops(ops)}
 
 
 def print_busiest(title: str, summary: dict) -> None:
-    """`busiest`'s summary as a line of categories and a Markdown table of ops."""
+    """`busiest`'s summary as a line of categories, a line a workflow part, and a Markdown
+    table of ops."""
     print(f"\n{title}: device ms of one generation by category:", end=" ")
     print(", ".join(f"{name} {ms:.2f}" for name, ms in summary["categories"].items()))
+    for part, categories in summary["parts"].items():
+        spent = ", ".join(f"{name} {ms:.2f}" for name, ms in categories.items())
+        print(f"- {part} {sum(categories.values()):.2f}: {spent}")
     print_header("op", "category", "calls", "ms", "scope")
     for op in summary["top_ops"]:
         print_row(op["name"], op["category"], op["calls"], f"{op['ms']:.3f}", op["scope"][-90:])
@@ -175,6 +181,20 @@ def top_ops(ops: list[dict], count: int = 12) -> list[dict]:
         entry["calls"] += 1
         entry["ms"] += op["ms"]
     return sorted(totals.values(), key=lambda e: -e["ms"])[:count]
+
+
+def part_categories(ops: list[dict]) -> dict[str, dict[str, float]]:
+    """Device milliseconds by workflow part (`workflows.PARTS`, found in each op's named
+    scopes; "other device" outside them), each by HLO category, busiest part first: which part
+    a category's time is spent in (an 8-seed profile's dynamic-update-slice: the replay add's
+    or not)."""
+    from evokube_trainer.workflows import PARTS
+
+    by_part: dict[str, list[dict]] = collections.defaultdict(list)
+    for op in ops:
+        by_part[next((p for p in PARTS if p in op["scope"].split("/")), "other device")].append(op)
+    parts = {part: category_ms(part_ops) for part, part_ops in by_part.items()}
+    return dict(sorted(parts.items(), key=lambda item: -sum(item[1].values())))
 
 
 def category_ms(ops: list[dict]) -> dict[str, float]:

@@ -36,7 +36,6 @@ parsing takes minutes, and a child past `--timeout` in it still reports its thro
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import logging
 import os
@@ -50,6 +49,7 @@ from benchmarks._common import (
     REPO,
     busiest,
     load,
+    part_categories,
     print_busiest,
     print_header,
     print_row,
@@ -230,14 +230,9 @@ def throughput(row: str, args: argparse.Namespace):
 def profile_parts(ops: list[dict] | None, wall_s: float) -> dict | None:
     """Device milliseconds of one generation by part (`workflows.PARTS`), "other device" for
     ops outside them and "host" for the rest of the wall time; None without device ops."""
-    from evokube_trainer.workflows import PARTS
-
     if not ops:
         return None
-    spent: dict[str, float] = collections.defaultdict(float)
-    for op in ops:
-        part = next((p for p in PARTS if p in op["scope"].split("/")), "other device")
-        spent[part] += op["ms"]
+    spent = {part: sum(ms.values()) for part, ms in part_categories(ops).items()}
     spent["host"] = max(0.0, wall_s * 1e3 - sum(spent.values()))
     return dict(spent)
 

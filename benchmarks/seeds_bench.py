@@ -128,7 +128,7 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="trace one generation of each run and print its busiest device ops (TPU, GPU)",
+        help="trace one generation of each run: device ms by part and category, top ops (TPU, GPU)",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

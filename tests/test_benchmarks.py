@@ -113,3 +113,33 @@ def test_run_resume_interrupts_a_run_and_the_same_command_resumes_it(tmp_path):
     assert f"checkpoints: ['{reached}']" in first, out  # written on the interrupt
     assert f"resumed from checkpoint at generation {reached}" in second, out
     assert "last generation in history.jsonl: 2000" in second, out
+
+
+def test_a_profile_summary_splits_each_workflow_part_by_category(capsys):
+    """`busiest` (seeds_bench's and chip_bench's --profile) says which part of a generation
+    each category's device time is spent in, by the named scopes in the ops' `tf_op`."""
+    from benchmarks._common import busiest, print_busiest
+
+    def op(name, category, scope, ms):
+        return {"name": name, "category": category, "scope": scope, "ms": ms}
+
+    ops = [
+        op("gather.1", "custom fusion", "jit(steps)/while/body/rl_update/gather", 2.0),
+        op("gather.1", "custom fusion", "jit(steps)/while/body/rl_update/gather", 2.0),
+        op("dot.3", "convolution", "jit(steps)/while/body/rl_update/dot_general", 1.5),
+        op("dus.7", "dynamic-update-slice", "jit(steps)/while/body/replay_add/scatter", 0.5),
+        op("dus.8", "dynamic-update-slice", "jit(steps)/while/body/rl_update_x/select", 0.25),
+        op("copy.2", "", "jit(steps)/while/body/copy", 0.125),
+    ]
+    summary = busiest(ops)
+    assert summary["parts"] == {
+        "rl_update": {"custom fusion": 4.0, "convolution": 1.5},
+        "replay_add": {"dynamic-update-slice": 0.5},
+        "other device": {"dynamic-update-slice": 0.25, "?": 0.125},  # a scope, not a prefix
+    }
+    assert summary["categories"]["dynamic-update-slice"] == 0.75
+    print_busiest("cemrl-pendulum, 8 seeds", summary)
+    lines = capsys.readouterr().out.splitlines()
+    assert "- rl_update 5.50: custom fusion 4.00, convolution 1.50" in lines
+    assert "- replay_add 0.50: dynamic-update-slice 0.50" in lines
+    assert busiest([]) is None
