@@ -178,3 +178,29 @@ def test_td3_and_the_shared_critic_read_the_buffer_outside_their_update_loops():
         lambda k: shared.improve(shared.init(jax.random.key(5)), buffer_state, population, k)
     )
     assert set(_buffer_gather_depths(improve(jax.random.key(6)).jaxpr)) == {0}
+
+
+@pytest.mark.parametrize(("num_agents", "depth"), [(1, 0), (4, 1)])
+def test_erl_agents_share_one_learners_draw_ahead_budget(monkeypatch, num_agents, depth):
+    """ERL's (and PBT's) K agents run vmapped, so each draws ahead a K-th of the budget: with
+    room for 8 steps' batches, one agent draws its 8 steps at once, each of 4 agents 2 at a
+    time (a scan over chunks), and memory does not grow K-fold."""
+    from evokube_trainer.agents import TD3, TD3Config
+    from evokube_trainer.workflows import _learners
+
+    td3 = TD3(TD3Config(actor_hidden_sizes=(8,), critic_hidden_sizes=(8,)), OBS_DIM, ACTION_DIM)
+    buf, buffer_state = _buffer()
+    monkeypatch.setattr(_learners, "DRAW_AHEAD_BYTES", 8 * STEP_BYTES)  # 8 steps of one agent
+    learner = _learners.IndependentAgents(
+        td3,
+        buf,
+        lambda p: jax.flatten_util.ravel_pytree(p)[0],
+        num_agents=num_agents,
+        num_updates=8,
+        injection_interval=1,
+        learning_starts=8,
+    )
+    state = learner.init(jax.random.key(2))
+    population = jnp.zeros((num_agents + 1, 3))
+    improve = jax.make_jaxpr(lambda k: learner.improve(state, buffer_state, population, k))
+    assert set(_buffer_gather_depths(improve(jax.random.key(6)).jaxpr)) == {depth}

@@ -41,6 +41,7 @@ from evokube_trainer.agents.networks import TwinCritic
 from evokube_trainer.replay import ReplayBuffer, ReplayState, Transition
 
 __all__ = [
+    "DRAW_AHEAD_BYTES",
     "ActorCritic",
     "Agent",
     "actor_branch",
@@ -57,6 +58,13 @@ Array = jax.Array
 Params = Any
 Metrics = dict[str, Array]
 _State = TypeVar("_State")
+
+# The most bytes of replay batches one learner draws ahead (`scan_sampled_updates`): CEM-RL's
+# shared critic in one call, ERL's and PBT's K agents a K-th each (they run vmapped, so the
+# budget is split, not multiplied), at least one step (or block) each; every seed replica has
+# its own. CEM-RL on Pendulum fits whole (128 steps x 4 actors x 256 rows x 40 bytes = 5 MiB),
+# on Brax halfcheetah in 4 chunks (172-byte rows).
+DRAW_AHEAD_BYTES = 8 * 2**20
 
 
 class Agent(Protocol):
@@ -88,6 +96,7 @@ class Agent(Protocol):
         key: Array,
         num_updates: int,
         prepare: Callable[[Transition], Transition] | None = None,
+        draw_ahead_bytes: int = DRAW_AHEAD_BYTES,
     ) -> tuple[Any, Metrics]: ...
 
     def init_critic(self, key: Array) -> Any: ...
@@ -137,12 +146,6 @@ def scan_updates(
 
     carry, metrics = jax.lax.scan(block, carry, _split_leading(xs, period))
     return carry, jax.tree.map(lambda m: m.reshape(count, *m.shape[2:]), metrics)
-
-
-# The most bytes of replay batches `scan_sampled_updates` draws ahead, per call: under ERL's
-# vmap of K agents and a run's seeds, K x seeds times this. The defaults' updates fit whole
-# (CEM-RL on Brax halfcheetah: 128 steps x 4 actors x 256 rows x 172 bytes = 22 MiB).
-DRAW_AHEAD_BYTES = 32 * 2**20
 
 
 def scan_sampled_updates(
@@ -358,9 +361,11 @@ class ActorCritic:
         key: Array,
         num_updates: int,
         prepare: Callable[[Transition], Transition] | None = None,
+        draw_ahead_bytes: int = DRAW_AHEAD_BYTES,
     ) -> tuple[_State, Metrics]:
         """`num_updates` (static) calls of `update`, each on a fresh batch from the buffer
-        (passed through `prepare` first when given, e.g. to normalize its observations).
+        (passed through `prepare` first when given, e.g. to normalize its observations),
+        drawn ahead `draw_ahead_bytes` at most at a time.
 
         Runs as one `lax.scan`, the batches drawn ahead (`scan_sampled_updates`); returns the
         final state and the metrics averaged over the steps.
@@ -376,5 +381,7 @@ class ActorCritic:
             return self.update(state, batch, update_key, actor_step)
 
         keys = jax.random.split(key, num_updates)
-        state, metrics = scan_sampled_updates(body, state, keys, self.actor_period, draw)
+        state, metrics = scan_sampled_updates(
+            body, state, keys, self.actor_period, draw, draw_ahead_bytes
+        )
         return state, jax.tree.map(lambda x: jnp.mean(x, axis=0), metrics)

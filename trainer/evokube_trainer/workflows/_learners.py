@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from evokube_trainer.agents import Agent
-from evokube_trainer.agents.base import scan_sampled_updates
+from evokube_trainer.agents.base import DRAW_AHEAD_BYTES, scan_sampled_updates
 from evokube_trainer.ec import replace_worst
 from evokube_trainer.envs import RunningStats, normalize_obs
 from evokube_trainer.replay import ReplayBuffer, ReplayState, Transition
@@ -139,7 +139,13 @@ class IndependentAgents:
         def train(state):
             def one_agent(agent_state, agent_key: Array):
                 return self.agent.update_many(
-                    agent_state, replay, self.buffer, agent_key, self.num_updates, prepare
+                    agent_state,
+                    replay,
+                    self.buffer,
+                    agent_key,
+                    self.num_updates,
+                    prepare,
+                    DRAW_AHEAD_BYTES // self.num_agents,  # the K agents run vmapped
                 )
 
             state, metrics = jax.vmap(one_agent)(state, jax.random.split(key, self.num_agents))
