@@ -216,6 +216,14 @@ def test_prometheus_scrapes_both_and_every_dashboard_query_returns_data(
         namespaces = prometheus.api("label/namespace/values", **{"match[]": "evokube_run_info"})
         assert "default" in namespaces  # `evokube run` reports namespace "default"
 
+        # The run's first generation is scraped (its compile takes minutes on a loaded machine;
+        # the panels' own waits below are for the scrapes after it).
+        wait_until(
+            lambda: prometheus.query(f'evokube_population_fitness{{experiment="{experiment}"}}'),
+            300,
+            "the run's first generation to be scraped",
+        )
+
         # Every panel's query, variables filled in, returns data.
         empty = []
         for title, expr in dashboard_queries():
