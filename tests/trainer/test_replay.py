@@ -191,3 +191,66 @@ def test_structure_and_mask_errors():
         buf.add(state, {"a": jnp.zeros((1, 2))}, mask=jnp.ones(2, bool))
     with pytest.raises(ValueError, match="capacity"):
         ReplayBuffer(capacity=0, sample_batch_size=1)
+
+
+def _replicas_add_then_sample(buf, replicas=3):
+    """Three replicas' buffers vmapped as `Workflow.seeds` vmaps them: each gets a different
+    masked add (one wraps around), then draws 4 steps x 2 agents of batches (nested vmaps over
+    keys, the buffer shared, as CEM-RL's draw-ahead does)."""
+    state = jax.vmap(lambda _: buf.init(_example()))(jnp.arange(replicas))
+    ids = jnp.arange(replicas * 7).reshape(replicas, 7) + 1
+    batch = jax.vmap(_batch)(ids)
+    mask = jnp.array([[1, 1, 0, 1, 1, 1, 1], [1, 0, 0, 0, 1, 0, 0], [1] * 7], bool)
+    state = jax.jit(jax.vmap(buf.add))(state, batch, mask)
+
+    def draw(replay, key):
+        keys = jax.random.split(key, 4)
+        agents = lambda k: jax.vmap(buf.sample, in_axes=(None, 0))(replay, jax.random.split(k, 2))
+        return jax.vmap(agents)(keys)  # [4, 2, B, ...]
+
+    keys = jax.random.split(jax.random.key(3), replicas)
+    return state, jax.jit(jax.vmap(draw))(state, keys)
+
+
+def test_replicas_in_turn_store_and_draw_the_same_rows_as_the_batched_buffer():
+    batched, in_turn = (ReplayBuffer(5, 3, replicas_in_turn=flag) for flag in (False, True))
+    state_b, rows_b = _replicas_add_then_sample(batched)
+    state_t, rows_t = _replicas_add_then_sample(in_turn)
+    want_leaves = jax.tree.leaves((state_b, rows_b))
+    for want, got in zip(want_leaves, jax.tree.leaves((state_t, rows_t)), strict=True):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(state_t.size, [5, 2, 5])
+    # Replica 0 kept 6 of 7 rows in 5 slots: the newest 5, the sixth wrapped to slot 0.
+    np.testing.assert_array_equal(state_t.data.reward[0], [7, 2, 4, 5, 6])
+    assert rows_t.obs.shape == (3, 4, 2, 3, 3)
+    # Every drawn row is one its own replica stored (ids are unique across replicas).
+    for r in range(3):
+        stored = set(np.asarray(state_t.data.reward[r, : int(state_t.size[r])]).tolist())
+        assert set(np.asarray(rows_t.reward[r]).ravel().tolist()) <= stored
+
+
+def _batched_over_buffers(buf) -> dict[str, list[bool]]:
+    """For the replicas' add and draw: each gather's and scatter's batching over the replicas'
+    buffers (StableHLO's operand / input batching dims)."""
+    state = jax.vmap(lambda _: buf.init(_example()))(jnp.arange(3))
+    batch = jax.vmap(_batch)(jnp.ones((3, 4)))
+    keys = jax.random.split(jax.random.key(0), 3)
+
+    def add_and_draw(replay, batch, key):
+        replay = buf.add(replay, batch)
+        return jax.vmap(buf.sample, in_axes=(None, 0))(replay, jax.random.split(key, 2))
+
+    text = jax.jit(jax.vmap(add_and_draw)).lower(state, batch, keys).as_text()
+    return {
+        op: ["batching_dims = [0]" in line for line in text.splitlines() if op in line]
+        for op in ("stablehlo.gather", "stablehlo.scatter")
+    }
+
+
+def test_replicas_in_turn_gather_from_one_buffer_at_a_time():
+    plain = _batched_over_buffers(ReplayBuffer(8, 2))
+    assert plain["stablehlo.gather"] and all(plain["stablehlo.gather"])
+    in_turn = _batched_over_buffers(ReplayBuffer(8, 2, replicas_in_turn=True))
+    assert in_turn["stablehlo.gather"] and not any(in_turn["stablehlo.gather"])
+    # The add stays one scatter over every buffer (in turn, the TPU copied each buffer).
+    assert in_turn["stablehlo.scatter"] and all(in_turn["stablehlo.scatter"])

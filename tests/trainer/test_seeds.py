@@ -22,6 +22,7 @@ from evokube_trainer.workflows import (
     replica_seed,
     seed_metrics,
 )
+from evokube_trainer.workflows._layout import DeviceLayout
 
 SHORT_PENDULUM = EnvConfig(
     "gymnax/Pendulum-v1", episode_length=20, episodes_per_member=2, eval_episodes=2
@@ -152,3 +153,17 @@ def test_a_vmapped_members_call_folds_the_seeds_into_the_population(member_major
     hlo = jax.jit(folded).lower(params, obs, scale).as_text()
     assert "tensor<15x2x8xf32>, tensor<15x8x4xf32>" in hlo  # one batch of S * N = 15
     assert ("stablehlo.transpose" in hlo) == member_major, hlo
+
+
+def test_one_device_draws_the_replicas_batches_in_turn_and_a_layout_does_not():
+    one_device = make_workflow(CEMRL, seeds=3)
+    assert one_device.buffer.replicas_in_turn
+    laid_out = make_workflow(CEMRL, DeviceLayout.over_all_devices(), seeds=3)
+    assert not laid_out.buffer.replicas_in_turn
+    # The generation of 3 replicas has no replay gather batched over the replicas' buffers (the
+    # in-turn loop's are per replica).
+    fns = jit_workflow(one_device)
+    state = jax.eval_shape(fns.init, one_device.root_key(0))
+    text = fns.steps.lower(state, *one_device.chunk_arguments(1, StopAt.of())).as_text()
+    replay = [line for line in text.splitlines() if "stablehlo.gather" in line and "2048" in line]
+    assert replay and not any("batching_dims = [0]" in line for line in replay)

@@ -124,7 +124,8 @@ def make_workflow(
     capacity = replay.capacity
     if layout is not None:
         capacity = -(-capacity // layout.num_devices) * layout.num_devices
-    buffer = ReplayBuffer(capacity, replay.batch_size)
+    # One device: the replicas' batches are gathered in turn (`ReplayBuffer.replicas_in_turn`).
+    buffer = ReplayBuffer(capacity, replay.batch_size, replicas_in_turn=layout is None)
     learning_starts = (
         replay.batch_size if replay.learning_starts is None else replay.learning_starts
     )
