@@ -185,14 +185,15 @@ def top_ops(ops: list[dict], count: int = 12) -> list[dict]:
 
 def part_categories(ops: list[dict]) -> dict[str, dict[str, float]]:
     """Device milliseconds by workflow part (`workflows.PARTS`, found in each op's named
-    scopes; "other device" outside them), each by HLO category, busiest part first: which part
-    a category's time is spent in (an 8-seed profile's dynamic-update-slice: the replay add's
-    or not)."""
+    scopes, vmapped ones too, as with several seeds: `vmap(rl_update)`; "other device" outside
+    them), each by HLO category, busiest part first: which part a category's time is spent in
+    (an 8-seed profile's dynamic-update-slice: the replay add's or not)."""
     from evokube_trainer.workflows import PARTS
 
     by_part: dict[str, list[dict]] = collections.defaultdict(list)
     for op in ops:
-        by_part[next((p for p in PARTS if p in op["scope"].split("/")), "other device")].append(op)
+        names = re.findall(r"\w+", op["scope"])
+        by_part[next((p for p in PARTS if p in names), "other device")].append(op)
     parts = {part: category_ms(part_ops) for part, part_ops in by_part.items()}
     return dict(sorted(parts.items(), key=lambda item: -sum(item[1].values())))
 

@@ -69,6 +69,26 @@ def test_seeds_bench_measures_several_seeds_against_one():
     assert state[1] == pytest.approx(2 * state[0], abs=0.1) and float(cells[1][7]) > 0
 
 
+def test_replay_gather_bench_times_every_layout():
+    """The smallest run of benchmarks/replay_gather_bench.py (CPU): a row per field width, the
+    transition, and the replicas batched and in turn, each counting every replica's rows."""
+    run = subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "benchmarks.replay_gather_bench", "--capacity",
+         "1000", "--batch", "8", "--draws", "4", "--replicas", "3", "--widths", "1", "5",
+         "--repeats", "2"],
+        cwd=BENCHMARKS.parent, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in run.stdout.splitlines() if line.startswith("| ")]
+    cells = {row[0].strip(): [cell.strip() for cell in row[1:]] for row in rows[1:]}
+    assert list(cells) == [
+        "one field [C, 1]", "one field [C, 5]", "transition", "replicas batched",
+        "replicas in turn",
+    ]  # fmt: skip
+    assert cells["transition"][:2] == ["1", "32"] and cells["replicas in turn"][:2] == ["3", "96"]
+    assert all(float(row[2]) > 0 and float(row[3]) > 0 for row in cells.values())
+
+
 def test_chip_bench_runs_a_row_on_the_cpu(tmp_path):
     """benchmarks/chip_bench.py must still run without an accelerator (issue 23): the smallest
     row's three trainer lives, throughput and profile, each life's log kept in --logs."""
@@ -126,7 +146,7 @@ def test_a_profile_summary_splits_each_workflow_part_by_category(capsys):
     ops = [
         op("gather.1", "custom fusion", "jit(steps)/while/body/rl_update/gather", 2.0),
         op("gather.1", "custom fusion", "jit(steps)/while/body/rl_update/gather", 2.0),
-        op("dot.3", "convolution", "jit(steps)/while/body/rl_update/dot_general", 1.5),
+        op("dot.3", "convolution", "jit(steps)/while/body/vmap(rl_update)/vmap()/dot", 1.5),
         op("dus.7", "dynamic-update-slice", "jit(steps)/while/body/replay_add/scatter", 0.5),
         op("dus.8", "dynamic-update-slice", "jit(steps)/while/body/rl_update_x/select", 0.25),
         op("copy.2", "", "jit(steps)/while/body/copy", 0.125),
