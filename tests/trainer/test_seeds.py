@@ -155,7 +155,12 @@ def test_a_vmapped_members_call_folds_the_seeds_into_the_population(member_major
     assert ("stablehlo.transpose" in hlo) == member_major, hlo
 
 
-def test_one_device_draws_the_replicas_batches_in_turn_and_a_layout_does_not():
+def test_replicas_batches_are_gathered_in_turn_on_one_tpu_only(monkeypatch):
+    from evokube_trainer.workflows import _build
+
+    assert jax.default_backend() == "cpu"  # batched on the CPU, where in turn was slower
+    assert not make_workflow(CEMRL, seeds=3).buffer.replicas_in_turn
+    monkeypatch.setattr(_build, "REPLICAS_IN_TURN_PLATFORMS", ("cpu",))
     one_device = make_workflow(CEMRL, seeds=3)
     assert one_device.buffer.replicas_in_turn
     laid_out = make_workflow(CEMRL, DeviceLayout.over_all_devices(), seeds=3)
