@@ -69,14 +69,7 @@ def main(argv=None) -> None:
             jax.random.split(key, args.draws)
         )
 
-    transition = Transition(
-        obs=jnp.zeros(args.obs_dim),
-        action=jnp.zeros(args.action_dim),
-        reward=jnp.zeros(()),
-        next_obs=jnp.zeros(args.obs_dim),
-        terminated=jnp.zeros(()),
-        truncated=jnp.zeros(()),
-    )
+    transition = Transition.zeros(args.obs_dim, args.action_dim)
     key = jax.random.key(0)
     rows = args.draws * args.batch
     device = jax.devices()[0]

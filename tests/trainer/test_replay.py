@@ -9,14 +9,7 @@ from evokube_trainer.replay import ReplayBuffer, Transition
 
 
 def _example():
-    return Transition(
-        obs=jnp.zeros(3),
-        action=jnp.zeros(1),
-        reward=jnp.zeros(()),
-        next_obs=jnp.zeros(3),
-        terminated=jnp.zeros(()),
-        truncated=jnp.zeros(()),
-    )
+    return Transition.zeros(obs_dim=3, action_dim=1)
 
 
 def _batch(ids):

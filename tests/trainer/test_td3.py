@@ -357,14 +357,7 @@ def _pendulum_learning_run(seed: int = 0, **config):
     def init(key):
         agent_key, env_key = jax.random.split(key)
         env_state = env.reset(env_key)
-        example = Transition(
-            obs=jnp.zeros(env.obs_dim),
-            action=jnp.zeros(env.action_dim),
-            reward=jnp.zeros(()),
-            next_obs=jnp.zeros(env.obs_dim),
-            terminated=jnp.zeros(()),
-            truncated=jnp.zeros(()),
-        )
+        example = Transition.zeros(env.obs_dim, env.action_dim)
         return td3.init(agent_key), buf.init(example), env_state
 
     @jax.jit

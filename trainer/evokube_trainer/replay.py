@@ -47,6 +47,14 @@ class Transition:
     terminated: Array  # [...] float 0/1: true end, the critic target does not bootstrap
     truncated: Array  # [...] float 0/1: time limit, the critic target still bootstraps
 
+    @classmethod
+    def zeros(cls, obs_dim: int, action_dim: int) -> Transition:
+        """One transition of float32 zeros: the example a buffer's layout is made from."""
+        scalar = jnp.zeros((), jnp.float32)
+        obs = jnp.zeros((obs_dim,), jnp.float32)
+        action = jnp.zeros((action_dim,), jnp.float32)
+        return cls(obs, action, scalar, obs, terminated=scalar, truncated=scalar)
+
 
 @struct.dataclass
 class ReplayState:

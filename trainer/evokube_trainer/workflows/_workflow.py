@@ -247,16 +247,7 @@ class Workflow:
         return self.layout.state_shardings(abstract_state, replicas=self.seeds > 1)
 
     def _example_transition(self) -> Transition:
-        obs = jnp.zeros((self.env.obs_dim,), jnp.float32)
-        scalar = jnp.zeros((), jnp.float32)
-        return Transition(
-            obs=obs,
-            action=jnp.zeros((self.env.action_dim,), jnp.float32),
-            reward=scalar,
-            next_obs=obs,
-            terminated=scalar,
-            truncated=scalar,
-        )
+        return Transition.zeros(self.env.obs_dim, self.env.action_dim)
 
     # ---- one generation ------------------------------------------------------------------------
 
