@@ -186,12 +186,12 @@ def test_structure_and_mask_errors():
         ReplayBuffer(capacity=0, sample_batch_size=1)
 
 
-def _replicas_add_then_sample(buf, replicas=3):
+def _replicas_add_then_sample(buf):
     """Three replicas' buffers vmapped as `Workflow.seeds` vmaps them: each gets a different
     masked add (one wraps around), then draws 4 steps x 2 agents of batches (nested vmaps over
     keys, the buffer shared, as CEM-RL's draw-ahead does)."""
-    state = jax.vmap(lambda _: buf.init(_example()))(jnp.arange(replicas))
-    ids = jnp.arange(replicas * 7).reshape(replicas, 7) + 1
+    state = jax.vmap(lambda _: buf.init(_example()))(jnp.arange(3))
+    ids = jnp.arange(3 * 7).reshape(3, 7) + 1
     batch = jax.vmap(_batch)(ids)
     mask = jnp.array([[1, 1, 0, 1, 1, 1, 1], [1, 0, 0, 0, 1, 0, 0], [1] * 7], bool)
     state = jax.jit(jax.vmap(buf.add))(state, batch, mask)
@@ -201,7 +201,7 @@ def _replicas_add_then_sample(buf, replicas=3):
         agents = lambda k: jax.vmap(buf.sample, in_axes=(None, 0))(replay, jax.random.split(k, 2))
         return jax.vmap(agents)(keys)  # [4, 2, B, ...]
 
-    keys = jax.random.split(jax.random.key(3), replicas)
+    keys = jax.random.split(jax.random.key(3), 3)
     return state, jax.jit(jax.vmap(draw))(state, keys)
 
 

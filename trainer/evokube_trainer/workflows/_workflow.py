@@ -222,7 +222,7 @@ class Workflow:
         )
         if self.learner is None:
             return state
-        replay = self.buffer.init(self._example_transition())
+        replay = self.buffer.init(Transition.zeros(self.env.obs_dim, self.env.action_dim))
         if warm_up and self.warmup_env is not None and self.warmup_steps_per_env > 0:
             transitions = random_transitions(self.warmup_env, self.warmup_steps_per_env, warmup_key)
             replay = self.buffer.add(replay, transitions)
@@ -245,9 +245,6 @@ class Workflow:
         if abstract_state is None:
             abstract_state = self.state_shapes()
         return self.layout.state_shardings(abstract_state, replicas=self.seeds > 1)
-
-    def _example_transition(self) -> Transition:
-        return Transition.zeros(self.env.obs_dim, self.env.action_dim)
 
     # ---- one generation ------------------------------------------------------------------------
 
