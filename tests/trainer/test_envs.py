@@ -26,7 +26,7 @@ from evokube_trainer.envs import (
     squash_action,
     update_running_stats,
 )
-from evokube_trainer.envs._brax import DEFAULT_BACKENDS, default_backend
+from evokube_trainer.envs._brax import default_pipeline
 
 B = 3  # envs per batch in most tests
 CARTPOLE_X_LIMIT = 2.4
@@ -367,12 +367,14 @@ def test_obs_norm_skips_frozen_envs():
 # --- Brax -----------------------------------------------------------------------------------
 
 
-def test_a_brax_env_without_a_backend_runs_the_platforms_fastest_pipeline():
-    assert jax.default_backend() == "cpu"  # tests run on CPU: spring there
-    assert DEFAULT_BACKENDS["cpu"] == "spring" and default_backend() == "spring"
-    assert make_backend_env("brax/hopper").backend == "spring"
-    # An env that lacks the platform's pipeline keeps its own default; one asked for, is refused.
-    assert make_backend_env("brax/swimmer").backend == "generalized"
+def test_a_brax_env_without_a_backend_runs_braxs_own_default_on_every_platform():
+    # Brax's default for every env of the catalog, read from its classes without building one.
+    for name in ("halfcheetah", "hopper", "swimmer", "humanoid"):
+        assert default_pipeline(name) == "generalized"
+    assert jax.default_backend() == "cpu"  # the CPU once picked spring: no longer
+    assert make_backend_env("brax/hopper").backend == "generalized"
+    assert make_backend_env("brax/hopper", backend="spring").backend == "spring"
+    # A pipeline an env lacks is refused, never replaced by another.
     with pytest.raises(ValueError, match="Unsupported backend: spring"):
         make_backend_env("brax/swimmer", backend="spring")
     with pytest.raises(ValueError, match="unknown Brax backend"):

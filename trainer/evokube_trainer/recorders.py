@@ -48,7 +48,14 @@ class Recorder(Protocol):
 
 
 class RecorderBase:
-    """Context-manager support for recorders; subclasses implement `write` (and `close`)."""
+    """Context-manager support for recorders; subclasses implement `write` (and `close`), and
+    may keep `describe_run`'s facts of the run (e.g. its physics pipeline)."""
+
+    run: Mapping[str, str] = {}
+
+    def describe_run(self, info: Mapping[str, str]) -> None:
+        """Facts that hold for the whole run, given before its first generation."""
+        self.run = dict(info)
 
     def write(self, generation: int, metrics: Metrics) -> None:
         raise NotImplementedError
@@ -74,7 +81,8 @@ def _json_number(value: Any) -> Any:
 
 class JsonLinesRecorder(RecorderBase):
     """Appends one JSON object per generation to `path`:
-    `{"generation": 7, "time": <unix seconds>, "metrics": {...}}`.
+    `{"generation": 7, "time": <unix seconds>, "metrics": {...}, "run": {"pipeline": ...}}`
+    ("run": `describe_run`'s facts, absent when there are none).
 
     Each line is flushed as it is written, so a crashed run keeps everything up to its last
     generation. Parent folders are created.
@@ -90,7 +98,7 @@ class JsonLinesRecorder(RecorderBase):
     def write(self, generation: int, metrics: Metrics) -> None:
         if self._file is None:
             raise ValueError(f"recorder for {self.path} is closed")
-        self._file.write(_json_line(generation, metrics))
+        self._file.write(_json_line(generation, metrics, self.run))
         self._file.flush()
 
     def close(self) -> None:
@@ -99,12 +107,14 @@ class JsonLinesRecorder(RecorderBase):
             self._file = None
 
 
-def _json_line(generation: int, metrics: Metrics) -> str:
+def _json_line(generation: int, metrics: Metrics, run: Mapping[str, str]) -> str:
     record = {
         "generation": int(generation),
         "time": time.time(),
         "metrics": {name: _json_number(value) for name, value in metrics.items()},
     }
+    if run:  # the run's facts on every line: a bucket's history joins the lives of a run
+        record["run"] = dict(run)
     return json.dumps(record, sort_keys=True) + "\n"
 
 
@@ -130,7 +140,7 @@ class BucketJsonLinesRecorder(RecorderBase):
     def write(self, generation: int, metrics: Metrics) -> None:
         if self._closed:
             raise ValueError(f"recorder for {self.url} is closed")
-        self._lines.append(_json_line(generation, metrics))
+        self._lines.append(_json_line(generation, metrics, self.run))
         self._dirty = True
         if time.monotonic() - self._uploaded_at >= self.upload_every_s:
             self._upload()

@@ -20,7 +20,7 @@ Actions. Policies emit vectors of ``env.action_dim`` floats.
 
 from evokube_trainer.envs._autoreset import AUTORESET_MODES, AutoReset, AutoResetInner
 from evokube_trainer.envs._base import Env, EnvState, Wrapper
-from evokube_trainer.envs._factory import make_backend_env, make_env
+from evokube_trainer.envs._factory import default_pipeline, make_backend_env, make_env
 from evokube_trainer.envs._gymnax import GymnaxEnv
 from evokube_trainer.envs._obs_norm import (
     ObservationNorm,
@@ -75,6 +75,7 @@ __all__ = [
     "VmapEnv",
     "Wrapper",
     "action_dim",
+    "default_pipeline",
     "env_names",
     "env_spec",
     "init_running_stats",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any
 
 import jax
@@ -14,17 +15,14 @@ from evokube_trainer.envs._base import Env, EnvState, as_flag
 from evokube_trainer.envs._spaces import Box
 
 BRAX_BACKENDS = ("generalized", "positional", "spring", "mjx")
-# The pipeline an env runs when the spec names none, by JAX platform: the fastest measured there
-# (docs/trainer-design.md, "Brax pipelines"). halfcheetah, T=200, with the policy, on one TPU v5e:
-# spring 0.80 ms per env step for 8 members, 716,748 env steps/s for 1024; positional 1.20 ms and
-# 414,514/s; generalized 1.37 ms and 45,653/s (its constraint solver's while loops). A platform
-# not listed (GPU: not measured here) keeps the env's own default, generalized.
-DEFAULT_BACKENDS = {"tpu": "spring", "cpu": "spring"}
 
 
-def default_backend() -> str | None:
-    """The pipeline for this process's JAX platform when the spec names none."""
-    return DEFAULT_BACKENDS.get(jax.default_backend())
+def default_pipeline(name: str) -> str | None:
+    """The pipeline Brax itself runs env `name` on when none is named (its class's `backend`
+    default: `generalized` for every env of brax 0.14), read without building the env; what
+    `brax.envs.get_environment` and EvoRL run, on every platform. None: an env without one."""
+    parameter = inspect.signature(brax_envs._envs[name].__init__).parameters.get("backend")
+    return None if parameter is None else parameter.default
 
 
 def _backend(name: str | None) -> dict[str, str]:
@@ -47,17 +45,11 @@ class BraxEnv(Env):
 
     @classmethod
     def create(cls, name: str, backend: str | None = None, **env_kwargs) -> BraxEnv:
-        """`backend` None: `default_backend()`, the fastest pipeline on this platform, or the
-        env's own default where the env does not offer that one (swimmer has no spring)."""
+        """`backend` None: Brax's own default for the env (`default_pipeline`), the same
+        physics on every platform; the pipeline a run really uses is `backend` afterwards."""
         if backend is not None and backend not in BRAX_BACKENDS:
             raise ValueError(f"unknown Brax backend {backend!r}; expected one of {BRAX_BACKENDS}")
-        preferred = backend or default_backend()
-        try:
-            env = brax_envs.get_environment(name, **env_kwargs, **_backend(preferred))
-        except ValueError as err:
-            if backend is not None or "Unsupported backend" not in str(err):
-                raise
-            env = brax_envs.get_environment(name, **env_kwargs)
+        env = brax_envs.get_environment(name, **env_kwargs, **_backend(backend))
         obs = jax.eval_shape(env.reset, jax.random.key(0)).obs
         if not hasattr(obs, "shape"):
             raise ValueError(f"Brax env {name!r} has dict observations, which are not supported")

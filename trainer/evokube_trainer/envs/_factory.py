@@ -48,6 +48,17 @@ def _backend_env(name: str, backend: str | None, **env_kwargs) -> Env:
     raise ValueError(f"env name must look like 'gymnax/<id>' or 'brax/<name>', got {name!r}")
 
 
+def default_pipeline(name: str) -> str | None:
+    """The physics pipeline env `name` runs when the spec names none: Brax's own default for
+    ``"brax/<name>"`` (the same on every platform), None for an env without pipelines."""
+    family, _, env_id = name.partition("/")
+    if family != "brax":
+        return None
+    from evokube_trainer.envs import _brax  # imports MuJoCo: only when asked for
+
+    return _brax.default_pipeline(env_id)
+
+
 def make_env(
     name: str,
     *,

@@ -172,6 +172,9 @@ class Progress:
         generation = int(record["generation"])
         if self._first_gen is None:
             self._first_gen = generation - 1
+            pipeline = record.get("run", {}).get("pipeline")
+            if pipeline:  # the physics this run's returns belong to
+                print(f"physics pipeline: {pipeline}", file=self.out, flush=True)
         self.last = metrics
         elapsed = time.monotonic() - self._started
         done = generation - self._first_gen

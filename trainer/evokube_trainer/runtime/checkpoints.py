@@ -133,6 +133,12 @@ class Checkpointer:
     def path(self, step: int) -> str:
         return os.path.join(self.directory, str(step))
 
+    def newest_record(self) -> Mapping[str, Any] | None:
+        """The record (`save`'s `layout`) of the newest checkpoint; {} for one written before
+        records, or whose record cannot be read; None when there is no checkpoint."""
+        steps = self.steps()
+        return self._saved_layout(steps[-1]) if steps else None
+
     def restore_latest(
         self,
         template: Any,

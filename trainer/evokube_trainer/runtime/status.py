@@ -85,11 +85,18 @@ class StatusReporter:
                 del progress["hyperparameters"]
         self._queue("progress", {**progress, "updatedAt": _now()})
 
-    def report_result(self, *, bestReturn: float, generation: int, policyURI: str) -> None:
-        """Queue the best exported policy: its evaluation return, generation and URI."""
-        self._queue(
-            "result", {"bestReturn": bestReturn, "generation": generation, "policyURI": policyURI}
-        )
+    def report_result(
+        self,
+        *,
+        bestReturn: float,
+        generation: int,
+        policyURI: str,
+        pipeline: str | None = None,
+    ) -> None:
+        """Queue the best exported policy: its evaluation return, generation and URI, and the
+        physics pipeline it was trained and evaluated on (None: an env without one)."""
+        result = {"bestReturn": bestReturn, "generation": generation, "policyURI": policyURI}
+        self._queue("result", result if pipeline is None else {**result, "pipeline": pipeline})
 
     def _queue(self, field: str, value: dict) -> None:
         with self._wake:

@@ -39,7 +39,7 @@ from evokube_contract import (
 )
 from evokube_trainer import __version__
 from evokube_trainer.policies import PolicyExporter, network_config
-from evokube_trainer.recorders import Recorder
+from evokube_trainer.recorders import Recorder, RecorderBase
 from evokube_trainer.runtime import exitcodes, objectstore
 from evokube_trainer.runtime.checkpoints import Checkpointer, enable_compilation_cache
 from evokube_trainer.runtime.config import RunConfig
@@ -160,6 +160,7 @@ class _Generations:
     # process 0 with a checkpoint location: one per replica (spec.seeds), in order
     exporters: Sequence[PolicyExporter] = ()
     layout: Mapping[str, object] = field(default_factory=dict)
+    pipeline: str | None = None  # the physics pipeline run (status.result names it)
     started: float = field(default_factory=time.monotonic)
     code: int = CONTINUE
     reason: str = ""
@@ -266,7 +267,7 @@ class _Generations:
             )
             result = self.exporters[0].result() if self.exporters else None
             if result is not None:
-                self.reporter.report_result(**result)
+                self.reporter.report_result(**result, pipeline=self.pipeline)
 
     def stop(self, _host: Mapping[str, float]) -> bool:
         return self.code != CONTINUE
@@ -308,13 +309,35 @@ def train(
     from evokube_trainer.workflows import DeviceLayout, StopAt, jit_workflow, make_workflow
 
     started = time.perf_counter()
+    checkpointer = None
     if checkpoint_dir:
         objectstore.prepare(checkpoint_dir)  # a bucket: its libraries, endpoint and access
         enable_compilation_cache(os.path.join(checkpoint_dir, XLA_CACHE_SUBDIR))
+        checkpointer = Checkpointer(
+            os.path.join(checkpoint_dir, CHECKPOINTS_SUBDIR),
+            interval=config.checkpoint_interval,
+            keep=config.checkpoint_keep,
+        )
+    pipeline, why = choose_pipeline(
+        config, checkpointer.newest_record() if checkpointer else None, checkpoint_dir
+    )
+    config = with_pipeline(config, pipeline)
+    log.info(
+        "%s/%s: %s on %s%s",
+        config.namespace,
+        config.name,
+        config.spec.get("algorithm", {}).get("name", type(config.workflow).__name__),
+        config.workflow.env.name,
+        f", physics pipeline {pipeline} ({why})" if pipeline else "",
+    )
+    for recorder in recorders:
+        if isinstance(recorder, RecorderBase):
+            recorder.describe_run({"pipeline": pipeline} if pipeline else {})
     metrics = TrainerMetrics(config.name, config.namespace, jax.process_index())
     metrics.describe_run(
         algorithm=type(config.workflow).__name__,
         environment=config.workflow.env.name,
+        pipeline=pipeline or "",
         processes=jax.process_count(),
         devices=jax.device_count(),
         slices=slices,
@@ -338,14 +361,9 @@ def train(
     workflow_built = time.perf_counter()
     fns = jit_workflow(workflow, donate=True)  # learn keeps only the newest state
     key = workflow.root_key(config.seed)
-    checkpointer = state = restored = None
-    record = _layout_record(config)
-    if checkpoint_dir:
-        checkpointer = Checkpointer(
-            os.path.join(checkpoint_dir, CHECKPOINTS_SUBDIR),
-            interval=config.checkpoint_interval,
-            keep=config.checkpoint_keep,
-        )
+    state = restored = None
+    record = _layout_record(config, pipeline)
+    if checkpointer is not None:
         restored = checkpointer.restore_latest(
             _restore_template(workflow, layout), record, added=ADDED_STATE_LEAVES
         )
@@ -396,6 +414,7 @@ def train(
         SeedProgress(config.seed, config.seeds),
         exporters,
         record,
+        pipeline,
     )
     flags.during_generation = loop.exit_now_if_saved
     try:
@@ -439,8 +458,7 @@ def _policy_exporter(
     others."""
     env = workflow.env
     run = config.workflow
-    # The Brax pipeline the env really runs (one the spec left to the platform's default
-    # included), so that a replay on another platform plays the same physics.
+    # The Brax pipeline the env really runs, so that a replay anywhere plays the same physics.
     played = dataclasses.replace(run.env, backend=getattr(env.unwrapped, "backend", None))
     metadata = {
         "experiment": {"name": config.name, "namespace": config.namespace},
@@ -460,13 +478,77 @@ def _policy_exporter(
     )
 
 
-def _layout_record(config: RunConfig) -> dict:
-    """What each checkpoint records about the run that wrote it (see `Checkpointer.save`)."""
+def _layout_record(config: RunConfig, pipeline: str | None) -> dict:
+    """What each checkpoint records about the run that wrote it (see `Checkpointer.save`); a
+    resumed run keeps its `pipeline` (`choose_pipeline`)."""
     return {
         "spec": dict(config.spec),
+        "pipeline": pipeline,
         "processes": jax.process_count(),
         "devices": jax.device_count(),
     }
+
+
+# What a trainer from before checkpoints recorded their pipeline ran a Brax env on when the spec
+# named none, by JAX platform (the fastest pipeline measured there; elsewhere Brax's default).
+LEGACY_DEFAULT_PIPELINES = {"tpu": "spring", "cpu": "spring"}
+
+
+def choose_pipeline(
+    config: RunConfig, record: Mapping | None, checkpoint_dir: str | None
+) -> tuple[str | None, str]:
+    """The physics pipeline this life runs, and why (None and "" for an env without one).
+
+    A spec that names `environment.backend` gets it. Otherwise a resumed run keeps the
+    pipeline its checkpoints were trained on (`record`: the newest checkpoint's; None without
+    one), whatever today's default says: a checkpoint written before records named it keeps
+    what its run exported with its policies, or the default that trainer had on this platform.
+    A new run gets Brax's own default for the env, on every platform."""
+    from evokube_trainer.envs import default_pipeline
+
+    env = config.workflow.env
+    default = default_pipeline(env.name)
+    if default is None:
+        return None, ""
+    if env.backend is not None:
+        kept = (record or {}).get("pipeline")
+        if kept is not None and kept != env.backend:
+            log.warning(
+                "the checkpoints were trained on the %s pipeline; spec.environment.backend now "
+                "runs %s, different physics: returns before and after do not compare",
+                kept,
+                env.backend,
+            )
+        return env.backend, "spec.environment.backend"
+    if record is None:
+        return default, "Brax's default for this env; spec.environment.backend picks another"
+    if record.get("pipeline"):
+        return record["pipeline"], "kept from the checkpoints"
+    exported = _exported_pipeline(checkpoint_dir)
+    if exported is not None:
+        return exported, "kept from the policies of a checkpoint that names none"
+    legacy = LEGACY_DEFAULT_PIPELINES.get(jax.default_backend(), default)
+    return legacy, "an older trainer's default here, for a checkpoint that names none"
+
+
+def _exported_pipeline(checkpoint_dir: str | None) -> str | None:
+    """The pipeline the run's best exported policy was played on, if there is one."""
+    from evokube_trainer.policies import read_policy
+
+    if not checkpoint_dir:
+        return None
+    try:
+        artifact = read_policy(checkpoint_dir.rstrip("/") + "/" + POLICIES_SUBDIR + "/best")
+    except Exception:  # none exported, or unreadable: the caller falls back
+        return None
+    return artifact.metadata.get("environment", {}).get("backend")
+
+
+def with_pipeline(config: RunConfig, pipeline: str | None) -> RunConfig:
+    """`config` with its env's pipeline named (so every later reader, the exported policies
+    and the compiled programs' fingerprint included, sees the physics that runs)."""
+    env = dataclasses.replace(config.workflow.env, backend=pipeline)
+    return dataclasses.replace(config, workflow=dataclasses.replace(config.workflow, env=env))
 
 
 def _restore_template(workflow, layout):
