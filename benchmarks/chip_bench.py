@@ -1,13 +1,15 @@
-"""The trainer on one accelerator chip, row by row against EvoRL's published figures.
+"""The trainer on one accelerator chip, row by row: throughput, start-up, restarts, profile.
 
     .venv/bin/python -W ignore -m benchmarks.chip_bench                      # every row
     .venv/bin/python -W ignore -m benchmarks.chip_bench --rows openes-64 --generations 50
 
 Runs on whatever JAX sees (a TPU chip, a GPU, or the CPU); benchmarks/README.md has the TPU
-table. The rows are issue 23's workloads, configured as EvoRL's side of it was (actor (16, 16)
+table; `versus_evorl.py` runs the same rows beside EvoRL in one run. The rows are issue 23's
+workloads, configured as EvoRL's side of it was (actor (16, 16)
 for OpenES; (256, 256) actor and twin critic without LayerNorm, batch 256, replay capacity 1M,
 1000 random warm-up transitions from one env and TD3 updates of 2 critic steps per actor step
-for the RL rows; no observation normalization; 10 evaluation episodes outside the generation).
+for the RL rows; no observation normalization; 10 evaluation episodes every generation in the
+trainer lives, none in the throughput figures).
 
 Per row, three new processes, each on the real trainer (`runtime.trainer.train`) with a
 checkpoint directory as a pod has:
@@ -57,14 +59,6 @@ from benchmarks._common import (
 )
 from evokube_contract import EXECUTABLES_SUBDIR, XLA_CACHE_SUBDIR
 
-# Issue 23's table: EvoRL's generations/s on one TPU v5e chip (JAX 0.10.2).
-EVORL_GEN_PER_S = {
-    "openes-64": 833,
-    "openes-4096": 437,
-    "openes-halfcheetah": 0.132,
-    "cemrl-halfcheetah": 3.46,
-    "erlga-halfcheetah": 1.08,
-}
 ROWS = {
     "openes-64": "OpenES gymnax Pendulum-v1 T=200, pop 64, actor (16,16)",
     "openes-4096": "OpenES gymnax Pendulum-v1 T=200, pop 4096, actor (16,16)",
@@ -186,11 +180,11 @@ def throughput(row: str, args: argparse.Namespace):
         steps = ExecutableStore(executables, fingerprint(config)).compiled(
             "steps", steps, state, *one
         )
-    state, _, _ = jax.block_until_ready(steps(state, *one))  # compiles; untimed
+    state, *_ = jax.block_until_ready(steps(state, *one))  # compiles; untimed
     times = []
     for _ in range(args.generations):  # one dispatch per generation, blocked on (EvoRL's way)
         start = time.perf_counter()
-        state, _, _ = jax.block_until_ready(steps(state, *one))
+        state, *_ = jax.block_until_ready(steps(state, *one))
         times.append(time.perf_counter() - start)
     step_gen_s = sorted(times)[len(times) // 2]
 
@@ -201,7 +195,7 @@ def throughput(row: str, args: argparse.Namespace):
     before = int(env_steps_count(state))
     start = time.perf_counter()
     while generations < args.generations:
-        state, _, done = steps(state, *arguments)
+        state, _, done, _ = steps(state, *arguments)
         generations += int(done)  # syncs, as the trainer's fetch of the metrics does
     elapsed = time.perf_counter() - start
     env_steps = int(env_steps_count(state)) - before
@@ -346,10 +340,8 @@ def main(argv=None) -> None:
 
     print_header(
         "workload",
-        "EvoRL gen/s",
         "step gen/s",
         "trainer gen/s",
-        "trainer / EvoRL",
         "env steps/s",
         "spawn -> first gen s",
         "restart cold s",
@@ -366,10 +358,8 @@ def main(argv=None) -> None:
             ]
         print_row(
             ROWS[row],
-            EVORL_GEN_PER_S[row],
             f"{cold['step_gen_per_s']:.3g}",
             f"{cold['trainer_gen_per_s']:.3g}",
-            f"{cold['trainer_gen_per_s'] / EVORL_GEN_PER_S[row]:.2f}",
             f"{cold['env_steps_per_s']:,.0f}",
             "-" if first["spawn_to_first_s"] is None else f"{first['spawn_to_first_s']:.1f}",
             *restarts,

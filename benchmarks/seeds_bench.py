@@ -73,22 +73,22 @@ def child(row: str, seeds: int, generations: int, profile: bool) -> dict:
     state = jax.block_until_ready(fns.init(workflow.root_key(0)))
     state_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(state))
     one = workflow.chunk_arguments(1, StopAt.of())
-    state, _, _ = jax.block_until_ready(fns.steps(state, *one))  # compiles; untimed
+    state, *_ = jax.block_until_ready(fns.steps(state, *one))  # compiles; untimed
     start = time.perf_counter()
-    state, _, _ = jax.block_until_ready(fns.steps(state, *one))
+    state, *_ = jax.block_until_ready(fns.steps(state, *one))
     # Chunks of about a second, as the trainer sizes them (the same executable: count is traced).
     count = max(1, min(64, int(1.0 / (time.perf_counter() - start))))
     arguments = workflow.chunk_arguments(count, StopAt.of())
     done_generations, before = 0, int(np.sum(env_steps_count(state)))
     start = time.perf_counter()
     while done_generations < generations:
-        state, _, done = fns.steps(state, *arguments)
+        state, _, done, _ = fns.steps(state, *arguments)
         done_generations += int(done)  # syncs, as the trainer's fetch of the metrics does
     elapsed = time.perf_counter() - start
     steps = int(np.sum(env_steps_count(state))) - before
     summary = None
     if profile:  # one generation's device ops
-        (state, _, _), ops, _ = traced(lambda: fns.steps(state, *one))
+        (state, *_), ops, _ = traced(lambda: fns.steps(state, *one))
         summary = busiest(ops)
     stats = jax.devices()[0].memory_stats() or {}
     return {

@@ -26,11 +26,15 @@ def test_a_run_exports_its_policies_and_its_best_survives_a_resume(tmp_path):
     doc["spec"]["checkpoint"]["keep"] = 2
     out = run(tmp_path, doc)
     policies = tmp_path / "runs" / "export" / "policies"
-    assert sorted(p.name for p in policies.iterdir()) == ["best", "generation-3", "generation-4"]
+    # Each chunk of generations (here at most 2: a checkpoint every 2) exports its last
+    # evaluation and its best; `keep` 2 leaves the newest two and best/.
+    folders = sorted(p.name for p in policies.iterdir())
+    assert folders[0] == "best" and folders[-1] == "generation-4" and len(folders) == 3
     returns = {row["generation"]: row["eval/return_mean"] for row in history(tmp_path, "export")}
-    for generation in (3, 4):
-        exported = read_policy(str(policies / f"generation-{generation}"))
-        assert exported.metadata["evalReturn"] == returns[generation]
+    assert sorted(returns) == [1, 2, 3, 4]  # every generation evaluated, inside its chunk
+    for folder in folders[1:]:
+        exported = read_policy(str(policies / folder))
+        assert exported.metadata["evalReturn"] == returns[int(folder.split("-")[1])]
     best = read_policy(str(policies / "best"))
     first_best = max(returns, key=returns.get)
     assert (best.metadata["generation"], best.metadata["evalReturn"]) == (

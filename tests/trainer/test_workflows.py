@@ -20,6 +20,7 @@ from evokube_trainer.runtime.checkpoints import Checkpointer, IncompatibleCheckp
 from evokube_trainer.workflows import (
     ADDED_STATE_LEAVES,
     ENV_STEPS_WORD,
+    EVALUATED,
     CEMRLConfig,
     ECConfig,
     EnvConfig,
@@ -432,7 +433,9 @@ def test_learning_in_chunks_computes_what_one_generation_at_a_time_does(tiny_erl
             stop=lambda m: m["generation"] >= 7,
             recorders=[recorder],
             on_generation=lambda s, m, hooked=hooked: hooked.append(int(s.generation)),
-            on_evaluation=lambda s, p, m, evaluated=evaluated: evaluated.append(m["generation"]),
+            on_evaluation=lambda last, best, evaluated=evaluated: evaluated.append(
+                (int(best.generation), int(last.generation))
+            ),
             eval_every=2,
             jitted=fns,
             chunk=chunk,
@@ -443,21 +446,35 @@ def test_learning_in_chunks_computes_what_one_generation_at_a_time_does(tiny_erl
         runs["chunks" if chunk else "single"] = (timeless, hooked, evaluated)
     single, chunks = runs["single"], runs["chunks"]
     assert chunks[0] == single[0]  # every generation's metrics, evaluations included
+    assert [m["generation"] for m in single[0] if "eval/return_mean" in m] == [2, 4, 6]
     assert single[1] == [1, 2, 3, 4, 5, 6, 7]
-    # A chunk ends at every evaluation (and the first one compiles alone): 1, 2 | 3, 4 | ...
-    assert chunks[1] == [1, 2, 4, 6, 7]
-    assert chunks[2] == single[2] == [2, 4, 6]
+    # Evaluations run inside the chunks, which end where `chunk` says (the first one compiles
+    # alone): 1 | 2, 3, 4 | 5, 6, 7; each chunk that evaluated hands over its best and last.
+    assert chunks[1] == [1, 4, 7]
+    assert single[2] == [(2, 2), (4, 4), (6, 6)]
+    returns = {m["generation"]: m["eval/return_mean"] for m in single[0] if "eval/return_mean" in m}
+    best_of_first = max((2, 4), key=returns.get)
+    assert chunks[2] == [(best_of_first, 4), (6, 6)]
 
 
 def test_a_chunk_ends_after_the_generation_that_reaches_stop_at(tiny_erl):
     workflow, fns = tiny_erl
     state = fns.init(jax.random.PRNGKey(0))  # 256 warm-up steps, then 240 per generation
     stop_at = StopAt.of(env_steps=256 + 2 * 240)
-    state, rows, done = fns.steps(state, *workflow.chunk_arguments(10, stop_at))
+    state, rows, done, _ = fns.steps(state, *workflow.chunk_arguments(10, stop_at))
     assert int(done) == 2 and int(state.generation) == 2
     assert rows["generation"][:3].tolist() == [1, 2, 0]  # rows past the last are zero
-    state, _, done = fns.steps(state, *workflow.chunk_arguments(3, StopAt.of(fitness=np.inf)))
+    assert not rows[EVALUATED].any()  # eval_every 0: never
+    no_stop = StopAt.of(fitness=np.inf)
+    state, rows, done, (last, best) = fns.steps(state, *workflow.chunk_arguments(3, no_stop, 2))
     assert int(done) == 3  # nothing reached: the whole count ran
+    # Generation 4 of 3, 4, 5 is the one evaluation every 2nd generation: its metrics in its
+    # row, and it is the chunk's last and best.
+    assert rows[EVALUATED][:3].tolist() == [False, True, False]
+    assert rows["eval/return_mean"][0] == 0 and np.isfinite(rows["eval/return_mean"][1])
+    assert int(last.generation) == int(best.generation) == 4
+    assert float(best.eval_return) == float(rows["eval/return_mean"][1])
+    assert best.policy.shape == (workflow.num_dims,)
 
 
 def test_a_deterministic_population_draws_no_exploration_noise():

@@ -49,10 +49,10 @@ from evokube_trainer.runtime.status import SeedProgress, StatusReporter
 from evokube_trainer.workflows import (
     ADDED_STATE_LEAVES,
     PBT_HYPERPARAMETERS,
+    Evaluation,
     actor_network,
     env_steps_count,
     replica_seed,
-    replica_values,
     to_environment_spec,
     upgraded,
 )
@@ -199,25 +199,26 @@ class _Generations:
             count = min(count, interval - generation % interval)
         return max(count, 1)
 
-    def on_evaluation(self, state, policy, host: Mapping[str, float]) -> None:
-        """Exports each replica's evaluated policy (process 0; every process ran the
-        evaluation). `policy`: `[D]`, with several seeds `[seeds, D]`."""
+    def on_evaluation(self, last: Evaluation, best: Evaluation) -> None:
+        """Exports each replica's evaluated policies of the chunk (process 0; every process
+        ran the evaluations): its best, then its last, in generation order. Host
+        `Evaluation`s, with several seeds leading with `[seeds]`."""
         if not self.exporters:
             return
         seeds = len(self.exporters)
-        returns = replica_values(host, "eval/return_mean", seeds)
-        # To the host first: the arrays may span every process's devices, and indexing them
-        # here would be a collective that only this process runs.
-        policy, obs_stats = jax.device_get((policy, state.obs_stats))
         with self.lock:  # a SIGTERM now waits for this export
-            for i, (exporter, eval_return) in enumerate(zip(self.exporters, returns, strict=True)):
+            for i, exporter in enumerate(self.exporters):
                 replica = (lambda x: x) if seeds == 1 else (lambda x, i=i: x[i])
-                exporter.export(
-                    int(host["generation"]),
-                    replica(policy),
-                    jax.tree.map(replica, obs_stats),
-                    eval_return,
-                )
+                chosen = {int(replica(e.generation)): e for e in (best, last)}  # one if the same
+                for generation, evaluation in sorted(chosen.items()):
+                    if generation < 0:  # a replica whose evaluations all returned NaN
+                        continue
+                    exporter.export(
+                        generation,
+                        replica(evaluation.policy),
+                        jax.tree.map(replica, evaluation.obs_stats),
+                        float(replica(evaluation.eval_return)),
+                    )
 
     def on_generation(self, state, host: Mapping[str, float]) -> None:
         with self.lock:  # a SIGTERM now waits for this generation's checkpoint
@@ -353,7 +354,7 @@ def train(
         store = ExecutableStore(
             os.path.join(checkpoint_dir, EXECUTABLES_SUBDIR), fingerprint(config.workflow)
         )
-        store.preload("steps", "evaluate")
+        store.preload("steps")
     # Set up: the bucket, the metrics, the programs' preload, and the devices where nothing
     # opened them before (the entrypoint logs when it did).
     set_up = time.perf_counter()
@@ -439,15 +440,11 @@ def train(
 
 
 def _stored_programs(workflow, fns, state, stop_at, store: ExecutableStore):
-    """`fns` with `steps` and `evaluate` compiled ahead of time and kept in the checkpoint
-    location's executables/ (runtime/executables.py): a restart loads them instead of tracing,
-    lowering and compiling (the cache key alone costs a trace)."""
-    arguments = (state, *workflow.chunk_arguments(1, stop_at))
-    return dataclasses.replace(
-        fns,
-        steps=store.compiled("steps", fns.steps, *arguments),
-        evaluate=store.compiled("evaluate", fns.evaluate, state),
-    )
+    """`fns` with `steps` compiled ahead of time and kept in the checkpoint location's
+    executables/ (runtime/executables.py): a restart loads it instead of tracing, lowering and
+    compiling (the cache key alone costs a trace)."""
+    arguments = (state, *workflow.chunk_arguments(1, stop_at, 1))
+    return dataclasses.replace(fns, steps=store.compiled("steps", fns.steps, *arguments))
 
 
 def _policy_exporter(

@@ -78,12 +78,15 @@ Array = jax.Array
 Params = Any
 Metrics = dict[str, Array]
 
-# The named scopes (`jax.named_scope`) of a generation's parts, in the order `step` runs them;
+# The named scopes (`jax.named_scope`) of a generation's parts, in the order `step` runs them
+# (and `steps` its evaluation after them);
 # a profile's device time is attributed to them by its ops' names (benchmarks/chip_bench.py).
-PARTS = ("ask", "rl_update", "rollout", "replay_add", "merge", "tell")
+PARTS = ("ask", "rl_update", "rollout", "replay_add", "merge", "tell", "evaluate")
 # The most generations one call of `Workflow.steps` runs (`jit_workflow` compiles for it; its
 # metrics rows are this long).
 CHUNK_CAPACITY = 64
+# The row of `Workflow.steps`' metrics that says whether the generation was evaluated.
+EVALUATED = "evaluated"
 # The metrics `learn` reports per replica too, as `seed/<i>/<name>`, when there are several.
 SEED_METRICS = ("ec/fitness_max", "ec/fitness_mean", "eval/return_mean", "env_steps")
 # Env steps are counted on the device in two int32 words (jax runs without x64, and one chip
@@ -124,6 +127,17 @@ class StopAt:
             env_steps=np.int32(-1 if env_steps is None else env_steps),
             fitness=np.float32(np.inf if fitness is None else fitness),
         )
+
+
+@struct.dataclass
+class Evaluation:
+    """One evaluation a chunk of generations ran (`Workflow.steps`): what a policy export
+    needs. With several seeds every field leads with `[seeds]`."""
+
+    generation: Array  # [] int32 the generation evaluated; -1: none in the chunk
+    eval_return: Array  # [] float32 its mean return
+    policy: Array  # [D] the evaluated candidate
+    obs_stats: RunningStats | None  # the statistics it was evaluated with; None when off
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,30 +358,57 @@ class Workflow:
         return state, metrics
 
     def steps(
-        self, state: WorkflowState, count: Array, stop_at: StopAt, *, capacity: int
-    ) -> tuple[WorkflowState, Metrics, Array]:
+        self,
+        state: WorkflowState,
+        count: Array,
+        stop_at: StopAt,
+        eval_every: Array,
+        *,
+        capacity: int,
+    ) -> tuple[WorkflowState, Metrics, Array, tuple[Evaluation, Evaluation]]:
         """Up to `count` generations (`count <= capacity`, both counted from here) as one
-        computation, so the host dispatches and syncs once for all of them. It ends early
-        after a generation that reaches `stop_at` or whose mean fitness is not finite, exactly
-        where a host checking every generation would stop.
+        computation, so the host dispatches and syncs once for all of them, evaluating the
+        deployable policy (`evaluate`) after every generation that `eval_every` divides (0:
+        never) inside the same computation. It ends early after a generation that reaches
+        `stop_at` or whose mean fitness is not finite, exactly where a host checking every
+        generation would stop.
 
-        Returns the last state, each generation's metrics stacked `[capacity]` (`[capacity,
-        seeds]` with several seeds; rows past the executed ones are zero) and how many ran
-        `[]`. With several seeds it stops on their aggregate: the mean best fitness, the most
-        env steps of any replica, or any replica's mean fitness not finite. Every generation
-        runs through the same loop body whatever `count` is, so how a run is cut into calls
-        never changes its numbers."""
+        Returns the last state; each generation's metrics stacked `[capacity]` (`[capacity,
+        seeds]` with several seeds; rows past the executed ones are zero), the evaluation's
+        among them where `EVALUATED` is true; how many ran `[]`; and two `Evaluation`s, the
+        chunk's last and each replica's best by return (generation -1 where none ran), for the
+        policy export. With several seeds it stops on their aggregate: the mean best fitness,
+        the most env steps of any replica, or any replica's mean fitness not finite. Every
+        generation runs through the same loop body whatever `count` is, so how a run is cut
+        into calls never changes its numbers."""
         _, shapes = jax.eval_shape(self.step, state)
+        eval_shapes, _ = jax.eval_shape(self.evaluate, state)
+        shapes = {**shapes, **eval_shapes, EVALUATED: jax.ShapeDtypeStruct((), jnp.bool_)}
         rows = jax.tree.map(lambda s: jnp.zeros((capacity, *s.shape), s.dtype), shapes)
+        none = jax.tree.map(jnp.zeros_like, jax.eval_shape(self._evaluation, state))
+        none = none.replace(generation=none.generation - 1, eval_return=none.eval_return - jnp.inf)
+        skipped = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), eval_shapes)
 
         def more(carry) -> Array:
-            done, _, _, stopped = carry
+            done, _, _, stopped, _ = carry
             return (done < count) & ~stopped
 
         def generation(carry):
-            done, state, rows, _ = carry
+            done, state, rows, _, (last, best) = carry
             state, metrics = self.step(state)
-            rows = jax.tree.map(lambda row, value: row.at[done].set(value), rows, metrics)
+            due = (eval_every > 0) & (jnp.max(state.generation) % jnp.maximum(eval_every, 1) == 0)
+            with jax.named_scope("evaluate"):
+                eval_metrics, evaluation = jax.lax.cond(
+                    due,
+                    lambda s: self._evaluations(s),
+                    lambda s: (skipped, none),
+                    state,
+                )
+            last = jax.tree.map(lambda new, old: jnp.where(due, new, old), evaluation, last)
+            better = due & (evaluation.eval_return > best.eval_return)  # [] or [seeds]
+            best = jax.tree.map(lambda new, old: _where(better, new, old), evaluation, best)
+            row = {**metrics, **eval_metrics, EVALUATED: due}
+            rows = jax.tree.map(lambda column, value: column.at[done].set(value), rows, row)
             reached = env_steps_reached(
                 metrics["env_steps_high"], metrics["env_steps"], stop_at.env_steps
             )
@@ -376,20 +417,22 @@ class Workflow:
                 | (jnp.mean(metrics["ec/fitness_max"]) >= stop_at.fitness)
                 | ~jnp.all(jnp.isfinite(metrics["ec/fitness_mean"]))
             )
-            return done + 1, state, rows, stopped
+            return done + 1, state, rows, stopped, (last, best)
 
-        start = (jnp.zeros((), jnp.int32), state, rows, jnp.zeros((), jnp.bool_))
-        done, state, rows, _ = jax.lax.while_loop(more, generation, start)
-        return state, rows, done
+        start = (jnp.zeros((), jnp.int32), state, rows, jnp.zeros((), jnp.bool_), (none, none))
+        done, state, rows, _, evaluations = jax.lax.while_loop(more, generation, start)
+        return state, rows, done, evaluations
 
-    def chunk_arguments(self, count: int, stop_at: StopAt) -> tuple[Array, StopAt]:
+    def chunk_arguments(
+        self, count: int, stop_at: StopAt, eval_every: int = 0
+    ) -> tuple[Array, StopAt, Array]:
         """`steps`' host arguments as it is called (and compiled): on a layout, global arrays
         replicated over every device of every process."""
-        count = np.int32(count)
+        arguments = (np.int32(count), stop_at, np.int32(eval_every))
         if self.layout is None:
-            return count, stop_at
+            return arguments
         place = self.layout.put_replicated
-        return place(count), jax.tree.map(lambda value: place(np.asarray(value)), stop_at)
+        return jax.tree.map(lambda value: place(np.asarray(value)), arguments)
 
     # ---- evaluation ----------------------------------------------------------------------------
 
@@ -415,6 +458,23 @@ class Workflow:
         """Every replica's `_evaluate`: metrics `[seeds]` and policies `[seeds, D]` with
         several seeds."""
         return self._replicas(self._evaluate)(state)
+
+    def _evaluations(self, state: WorkflowState) -> tuple[Metrics, Evaluation]:
+        """Every replica's evaluation metrics and `Evaluation` (what `steps` keeps)."""
+        return self._replicas(self._evaluation_of)(state)
+
+    def _evaluation(self, state: WorkflowState) -> Evaluation:
+        return self._evaluations(state)[1]
+
+    def _evaluation_of(self, state: WorkflowState) -> tuple[Metrics, Evaluation]:
+        metrics, policy = self._evaluate(state)
+        evaluation = Evaluation(
+            generation=state.generation,
+            eval_return=metrics["eval/return_mean"],
+            policy=policy,
+            obs_stats=state.obs_stats,
+        )
+        return metrics, evaluation
 
     def _evaluate(self, state: WorkflowState) -> tuple[Metrics, Array]:
         """Returns of one replica's best candidate policy (`_candidates`), acting
@@ -445,7 +505,7 @@ class Workflow:
         stop: Callable[[Mapping[str, float]], bool],
         recorders: Iterable[Recorder] = (),
         on_generation: Callable[[WorkflowState, Mapping[str, float]], None] | None = None,
-        on_evaluation: Callable[[WorkflowState, Array, Mapping[str, float]], None] | None = None,
+        on_evaluation: Callable[[Evaluation, Evaluation], None] | None = None,
         eval_every: int = 1,
         jitted: JittedWorkflow | None = None,
         chunk: Callable[[int], int] | None = None,
@@ -453,19 +513,19 @@ class Workflow:
     ) -> WorkflowState:
         """Runs generations until `stop(metrics)` is true; returns the last state.
 
-        Generations run in chunks, each one call of `steps` (one dispatch, one sync):
+        Generations run in chunks, each one call of `steps` (one dispatch, one sync), with
+        the deployable policy evaluated inside them every `eval_every` generations (0: never):
         `chunk(generation)` says how many may run from `generation` on before the host next
-        needs the state (None: one at a time); chunks also end at every evaluation, and early
-        where `stop_at` says (pass the thresholds `stop` checks, so that a chunk never runs
-        past them). The first chunk of a call is one generation (it compiles).
+        needs the state (None: one at a time); chunks also end early where `stop_at` says
+        (pass the thresholds `stop` checks, so that a chunk never runs past them). The first
+        chunk of a call is one generation (it compiles).
 
-        Host side, per chunk: fetch every generation's metrics, then for each generation add
-        timing metrics (the chunk's time shared out) and write every recorder; after the last
-        one, evaluate the deployable policy when due (every `eval_every` generations; 0:
-        never) and pass the evaluated candidate `[D]` (`[seeds, D]`; on the device,
-        replicated) to `on_evaluation(state, policy, metrics)` (the policy export hook), then
-        call `on_generation(state, metrics)` (the checkpoint hook) and `stop(metrics)` with
-        the last generation's metrics. Pass `jitted` to reuse compiled functions across calls;
+        Host side, per chunk: fetch every generation's metrics (an evaluated generation's with
+        its `eval/*`), add timing metrics (the chunk's time shared out) and write every
+        recorder; then, if the chunk evaluated, pass its last evaluation and each replica's
+        best (host `Evaluation`s: `steps`) to `on_evaluation` (the policy export hook), call
+        `on_generation(state, metrics)` (the checkpoint hook) and `stop(metrics)` with the last
+        generation's metrics. Pass `jitted` to reuse compiled functions across calls;
         recorders are not closed here. Timing metrics of the first generation include
         compilation unless `jitted` has already run this workflow. With several seeds the
         metrics are `seed_metrics`' and `time/env_steps_per_s` counts every replica's steps.
@@ -473,26 +533,22 @@ class Workflow:
         fns = jitted if jitted is not None else jit_workflow(self)
         recorders = tuple(recorders)
         stop_at = stop_at if stop_at is not None else StopAt.of()
-        generation = int(np.max(jax.device_get(state.generation)))
         env_steps = int(np.sum(env_steps_count(state)))  # every replica's
         count = 1
         while True:
-            if eval_every:
-                count = min(count, eval_every - generation % eval_every)
             start = time.perf_counter()
-            state, rows, done = fns.steps(state, *self.chunk_arguments(count, stop_at))
-            rows, done = jax.device_get((rows, done))  # waits for the chunk to finish
+            arguments = self.chunk_arguments(count, stop_at, eval_every)
+            state, rows, done, evaluations = fns.steps(state, *arguments)
+            # Waits for the chunk to finish.
+            rows, done, (last, best) = jax.device_get((rows, done, evaluations))
             rows = _counted_env_steps(rows)
             step_seconds = (time.perf_counter() - start) / int(done)
             for row in range(int(done)):
                 values = {name: column[row] for name, column in rows.items()}
+                if not values.pop(EVALUATED):
+                    values = {k: v for k, v in values.items() if not k.startswith("eval/")}
                 metrics = seed_metrics(values, self.seeds)
                 generation = int(metrics["generation"])
-                if row == done - 1 and eval_every and generation % eval_every == 0:
-                    eval_metrics, policy = fns.evaluate(state)
-                    metrics.update(seed_metrics(jax.device_get(eval_metrics), self.seeds))
-                    if on_evaluation is not None:
-                        on_evaluation(state, policy, metrics)
                 metrics["time/step_s"] = step_seconds
                 metrics["time/generations_per_s"] = 1.0 / max(step_seconds, 1e-9)
                 total = int(np.sum(values["env_steps"]))  # the whole program's throughput
@@ -500,6 +556,8 @@ class Workflow:
                 env_steps = total
                 for recorder in recorders:
                     recorder.write(generation, metrics)
+            if on_evaluation is not None and np.max(last.generation) >= 0:
+                on_evaluation(last, best)
             if on_generation is not None:
                 on_generation(state, metrics)
             if stop(metrics):
@@ -514,8 +572,12 @@ class JittedWorkflow:
     init: Callable[[Array], WorkflowState]
     step: Callable[[WorkflowState], tuple[WorkflowState, Metrics]]
     evaluate: Callable[[WorkflowState], tuple[Metrics, Array]]
-    # (state, count, stop_at) -> (state, metrics [CHUNK_CAPACITY], generations run): `steps`
-    steps: Callable[[WorkflowState, Array, StopAt], tuple[WorkflowState, Metrics, Array]]
+    # (state, count, stop_at, eval_every) -> (state, metrics [CHUNK_CAPACITY], generations
+    # run, (last, best) evaluations): `steps`
+    steps: Callable[
+        [WorkflowState, Array, StopAt, Array],
+        tuple[WorkflowState, Metrics, Array, tuple[Evaluation, Evaluation]],
+    ]
 
 
 def jit_workflow(workflow: Workflow, *, donate: bool = False) -> JittedWorkflow:
@@ -557,11 +619,16 @@ def jit_workflow(workflow: Workflow, *, donate: bool = False) -> JittedWorkflow:
         ),
         steps=jax.jit(
             steps,
-            in_shardings=(states, layout.replicated, layout.replicated),
-            out_shardings=(states, layout.replicated, layout.replicated),
+            in_shardings=(states, layout.replicated, layout.replicated, layout.replicated),
+            out_shardings=(states, layout.replicated, layout.replicated, layout.replicated),
             donate_argnums=donated,
         ),
     )
+
+
+def _where(pick: Array, new: Array, old: Array) -> Array:
+    """`new` where `pick` (`[]`, or `[seeds]` against leaves `[seeds, ...]`), else `old`."""
+    return jnp.where(pick.reshape(pick.shape + (1,) * (new.ndim - pick.ndim)), new, old)
 
 
 def replica_seed(seed: int, replica: int) -> int:
