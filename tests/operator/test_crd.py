@@ -191,7 +191,12 @@ def test_short_name_category_and_printer_columns(cluster, crd, namespace):
 
 def test_wide_columns_show_the_trainers_result(cluster, crd, namespace):
     cluster.kubectl("apply", "-f", "-", input=json.dumps(experiment_manifest("best", namespace)))
-    result = {"bestReturn": -151.5, "generation": 12, "policyURI": "s3://b/best/policies/best"}
+    result = {
+        "bestReturn": -151.5,
+        "generation": 12,
+        "policyURI": "s3://b/best/policies/best",
+        "pipeline": "generalized",
+    }
     cluster.kubectl(
         *("patch", "erlx", "best", "-n", namespace, "--subresource=status", "--type=merge"),
         "-p",
@@ -202,5 +207,6 @@ def test_wide_columns_show_the_trainers_result(cluster, crd, namespace):
     assert columns["BEST-RETURN"] == "-151.5"
     assert columns["BEST-GENERATION"] == "12"
     assert columns["POLICY"] == "s3://b/best/policies/best"
+    assert columns["PIPELINE"] == "generalized"  # kept by the schema, not pruned
     narrow = cluster.kubectl("get", "erlx", "best", "-n", namespace).stdout.splitlines()[0]
     assert "POLICY" not in narrow  # priority 1: -o wide only
