@@ -2,6 +2,7 @@
 
     .venv/bin/python -W ignore -m benchmarks.overhead_bench                    # Pendulum
     .venv/bin/python -W ignore -m benchmarks.overhead_bench --envs halfcheetah --generations 2
+    .venv/bin/python -W ignore -m benchmarks.overhead_bench --rows cemrl-halfcheetah  # chip_bench's
 
 For each configuration (trainer_bench.py's) the script jits and times, on the same state:
 
@@ -11,11 +12,17 @@ For each configuration (trainer_bench.py's) the script jits and times, on the sa
               extra actors, transitions collected when there is a learner);
   updates     `workflow.learner.improve` alone, on the warmed-up buffer;
   ask+tell    the EC optimizer's `ask` and `tell` alone: sampling the population and the
-              search-distribution update (for OpenES, its whole "update" part).
+              search-distribution update (for OpenES, its whole "update" part);
+  evaluation  `workflow.evaluate` alone: the deployable policy's evaluation episodes;
+  gen + eval  one generation and its evaluation as the trainer runs them, one call of
+              `steps` with an evaluation every generation (a default manifest's schedule).
 
 "overhead" is generation / (rollouts + updates) - 1, the issue's definition; the budget is
 15%. "overhead incl. EC" also counts ask+tell as a part: what remains is the glue (buffer
-insert, merge, fitness reduction, metrics, layout changes). Each figure is the median over
+insert, merge, fitness reduction, metrics, layout changes); "overhead incl. eval" is gen + eval
+against rollouts, updates, ask+tell and evaluation. `--rows` takes chip_bench's rows (issue 23's
+and versus_evorl's workloads, on `--backend`, Brax's default pipeline unless named) instead of
+`--envs` x `--algos`. Each figure is the median over
 `--generations` timed calls after one untimed call, timed in turn (generation, rollouts,
 updates, ask+tell, generation, ...) so that the machine's changing load falls on all alike.
 """
@@ -31,9 +38,10 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks._common import load, print_header, print_row
+from benchmarks.chip_bench import ROWS, workflow_config
 from benchmarks.config_flags import add_config_arguments
 from benchmarks.trainer_bench import ENVS, build_config
-from evokube_trainer.workflows import jit_workflow, make_workflow
+from evokube_trainer.workflows import StopAt, jit_workflow, make_workflow
 
 
 def interleaved(calls: dict, repeats: int) -> dict[str, float]:
@@ -52,8 +60,7 @@ def interleaved(calls: dict, repeats: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def bench(algo: str, env_name: str, args: argparse.Namespace) -> dict:
-    config = build_config(algo, env_name, args)
+def bench(config, args: argparse.Namespace) -> dict:
     workflow = make_workflow(config)
     fns = jit_workflow(workflow, donate=True)
     state = jax.block_until_ready(fns.init(jax.random.PRNGKey(0)))
@@ -93,20 +100,37 @@ def bench(algo: str, env_name: str, args: argparse.Namespace) -> dict:
 
     ask_tell = jax.jit(ask_tell)
     calls["ask_tell"] = (same_state, lambda s: ask_tell(s.ec))
+    calls["evaluate"] = (same_state, fns.evaluate)
+    with_eval = workflow.chunk_arguments(1, StopAt.of(), 1)
+    calls["with_eval"] = (lambda: copy(state), lambda s: fns.steps(s, *with_eval))
     timed = interleaved(calls, args.generations)
     full_s, rollout_s, ask_tell_s = timed["full"], timed["rollout"], timed["ask_tell"]
     updates_s = timed.get("updates", 0.0)
     parts = rollout_s + updates_s
     return {
-        "algo": {"openes": "OpenES", "cemrl": "CEM-RL", "erl": "ERL-GA"}[algo],
-        "env": ENVS[env_name],
         "full_s": full_s,
         "rollout_s": rollout_s,
         "updates_s": updates_s,
         "ask_tell_s": ask_tell_s,
+        "evaluate_s": timed["evaluate"],
+        "with_eval_s": timed["with_eval"],
         "overhead": full_s / parts - 1.0,
         "overhead_ec": full_s / (parts + ask_tell_s) - 1.0,
+        "overhead_eval": timed["with_eval"] / (parts + ask_tell_s + timed["evaluate"]) - 1.0,
     }
+
+
+def workloads(args: argparse.Namespace):
+    """(label, env label, config) of each row to measure."""
+    if args.rows:
+        for row in args.rows:
+            pipeline = (args.backend or "generalized") if "halfcheetah" in row else "-"
+            yield ROWS[row], pipeline, workflow_config(row, args.backend)
+        return
+    names = {"openes": "OpenES", "cemrl": "CEM-RL", "erl": "ERL-GA"}
+    for env_name in args.envs:
+        for algo in args.algos:
+            yield names[algo], ENVS[env_name], build_config(algo, env_name, args)
 
 
 def main(argv=None) -> None:
@@ -114,6 +138,8 @@ def main(argv=None) -> None:
     parser.add_argument("--envs", nargs="+", default=["pendulum"], choices=list(ENVS))
     parser.add_argument("--algos", nargs="+", default=["cemrl", "erl", "openes"])
     parser.add_argument("--generations", type=int, default=5, help="timed calls per figure")
+    parser.add_argument("--rows", nargs="+", choices=list(ROWS), help="chip_bench's rows instead")
+    parser.add_argument("--backend", help="the rows' Brax pipeline (default: Brax's own)")
     add_config_arguments(parser)
     args = parser.parse_args(argv)
     print(
@@ -123,29 +149,34 @@ def main(argv=None) -> None:
     )
     print_header(
         "algorithm",
-        "env",
+        "env (rows: Brax pipeline)",
         "generation s",
         "rollouts s",
         "updates s",
         "ask+tell s",
+        "evaluation s",
+        "gen + eval s",
         "overhead",
         "overhead incl. EC",
+        "overhead incl. eval",
         "load",
     )
-    for env_name in args.envs:
-        for algo in args.algos:
-            r = bench(algo, env_name, args)
-            print_row(
-                r["algo"],
-                r["env"],
-                f"{r['full_s']:.3f}",
-                f"{r['rollout_s']:.3f}",
-                f"{r['updates_s']:.3f}",
-                f"{r['ask_tell_s']:.3f}",
-                f"{r['overhead']:+.0%}",
-                f"{r['overhead_ec']:+.0%}",
-                f"{load():.2f}",
-            )
+    for label, env_label, config in workloads(args):
+        r = bench(config, args)
+        print_row(
+            label,
+            env_label,
+            f"{r['full_s']:.4g}",
+            f"{r['rollout_s']:.4g}",
+            f"{r['updates_s']:.4g}",
+            f"{r['ask_tell_s']:.4g}",
+            f"{r['evaluate_s']:.4g}",
+            f"{r['with_eval_s']:.4g}",
+            f"{r['overhead']:+.0%}",
+            f"{r['overhead_ec']:+.0%}",
+            f"{r['overhead_eval']:+.0%}",
+            f"{load():.2f}",
+        )
     print(f"# load average at end {load():.2f}")
 
 
