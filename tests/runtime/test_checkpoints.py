@@ -34,6 +34,27 @@ def test_keeps_the_newest_and_resumes_from_it(tmp_path):
     np.testing.assert_array_equal(restored["mean"], np.full(4, 6.0))
 
 
+def test_a_background_save_keeps_the_state_it_was_given_though_the_next_step_donates_it(tmp_path):
+    """The trainer saves without waiting, then runs the next chunk with the state donated:
+    the checkpoint must hold the values saved, not what the donated buffers hold next."""
+    step = jax.jit(lambda s: jax.tree.map(lambda x: x * 3 + 1, s), donate_argnums=0)
+    big = {"buffer": jnp.arange(4_000_000, dtype=jnp.float32), "generation": jnp.int32(2)}
+    expected = jax.device_get(big)
+    checkpointer = Checkpointer(tmp_path, interval=2, keep=2)
+    checkpointer.save(2, big, wait=False)
+    big = step(big)  # donates the saved arrays while their files may still be written
+    big = step(big)
+    assert checkpointer.writing() in (2, None)  # listed only once complete
+    assert checkpointer.steps() in ([], [2])
+    checkpointer.wait()
+    assert checkpointer.writing() is None and checkpointer.steps() == [2]
+    template = jax.tree.map(jnp.zeros_like, expected)
+    restored, generation = Checkpointer(tmp_path, interval=2, keep=2).restore_latest(template)
+    assert generation == 2
+    np.testing.assert_array_equal(restored["buffer"], expected["buffer"])
+    checkpointer.close()
+
+
 def test_a_corrupt_checkpoint_is_skipped_with_a_warning(tmp_path, caplog):
     checkpointer = Checkpointer(tmp_path, interval=1, keep=3)
     checkpointer.save(1, state(1))

@@ -110,8 +110,8 @@ def test_the_fingerprint_names_the_configuration():
 
 
 def test_a_resumed_run_loads_its_programs_and_trains_as_one_run(tmp_path):
-    """`evokube run` stopped after 3 generations and resumed to 6 loads `steps` and
-    `evaluate`, and its history equals that of one run of 6 generations."""
+    """`evokube run` stopped after 3 generations and resumed to 6 loads `steps` (the
+    evaluation inside it), and its history equals that of one run of 6 generations."""
     manifest = {
         "apiVersion": "evokube.io/v1alpha1",
         "kind": "ERLExperiment",
@@ -146,14 +146,12 @@ def test_a_resumed_run_loads_its_programs_and_trains_as_one_run(tmp_path):
         ]
 
     resumed = run(tmp_path / "resumed", 3)
-    assert sorted(p.name.split("-")[0] for p in (resumed / "executables").iterdir()) == [
-        "evaluate",
-        "steps",
-    ]
+    # One program: the evaluation runs inside the generations' chunks.
+    assert sorted(p.name.split("-")[0] for p in (resumed / "executables").iterdir()) == ["steps"]
     run(tmp_path / "resumed", 6)
     log = (resumed / "logs" / "process-0.log").read_text()
-    assert "loaded the compiled steps" in log and "loaded the compiled evaluate" in log
-    assert log.count("preloaded; waited") == 2, log  # both loaded while the state was built
+    assert "loaded the compiled steps" in log
+    assert log.count("preloaded; waited") == 1, log  # loaded while the state was built
     # A warm start says where its seconds went before the programs (issue 23's restarts).
     assert re.search(r"open [\d.]+ s after the process started", log), log
     assert re.search(r"started in [\d.]+ s: .* checkpoint restored [\d.]+ s", log), log

@@ -96,3 +96,22 @@ def test_in_a_bucket(tmp_path):
     assert read_policy(f"{root}/generation-3").metadata["generation"] == 3
     with pytest.raises(Exception, match="no complete policy"):
         read_policy(f"{root}/generation-2")
+
+
+def test_unflattening_on_the_host_gives_exactly_the_networks_parameters():
+    """The export cuts the flat candidate with NumPy (nothing compiles on a device): the same
+    leaves, shapes, dtypes and values as the network's own unflatten."""
+    from evokube_trainer.agents import GaussianActor
+    from evokube_trainer.policies.export import unflatten_on_host
+
+    for network in (NETWORK, GaussianActor(action_dim=2, hidden_sizes=(5, 3))):
+        flattener = ParamFlattener.from_params(network.init(jax.random.PRNGKey(1), jnp.zeros((4,))))
+        flat = jax.random.normal(jax.random.PRNGKey(2), (flattener.num_dims,))
+        on_host = unflatten_on_host(flattener.unflatten, np.asarray(flat))
+        on_device = jax.device_get(flattener.unflatten(flat))
+        assert jax.tree.structure(on_host) == jax.tree.structure(on_device)
+        for host_leaf, device_leaf in zip(
+            jax.tree.leaves(on_host), jax.tree.leaves(on_device), strict=True
+        ):
+            assert isinstance(host_leaf, np.ndarray) and host_leaf.dtype == device_leaf.dtype
+            np.testing.assert_array_equal(host_leaf, device_leaf)

@@ -26,7 +26,7 @@ from typing import Any
 
 import fsspec
 import jax
-import jax.numpy as jnp
+import numpy as np
 
 from evokube_trainer.envs import RunningStats
 from evokube_trainer.policies.artifact import METADATA_FILE, PolicyArtifact, write_policy
@@ -44,6 +44,21 @@ _GENERATION = re.compile(r"generation-(\d+)")
 
 def generation_folder(generation: int) -> str:
     return f"generation-{generation}"
+
+
+def unflatten_on_host(unflatten: Callable[[Array], Params], flat: np.ndarray) -> Params:
+    """`unflatten(flat)` computed with NumPy: the leaves' shapes from a trace of `unflatten`,
+    cut from `flat` in `ravel_pytree`'s order. No device op, so nothing compiles: op by op on
+    a device, the first export of each life compiled every slice and reshape (0.1 s on a CPU,
+    0.3 s on a TPU, inside the chunk that followed it)."""
+    template = jax.eval_shape(unflatten, jax.ShapeDtypeStruct(flat.shape, flat.dtype))
+    leaves, treedef = jax.tree.flatten(template)
+    ends = np.cumsum([math.prod(leaf.shape) for leaf in leaves])
+    parts = np.split(flat, ends[:-1])
+    pieces = zip(parts, leaves, strict=True)
+    return jax.tree.unflatten(
+        treedef, [part.reshape(leaf.shape).astype(leaf.dtype) for part, leaf in pieces]
+    )
 
 
 @dataclasses.dataclass
@@ -83,8 +98,7 @@ class PolicyExporter:
         statistics it was evaluated with (None without normalization)."""
         # To the host first: `policy` may span every process's devices, and only this process
         # runs what follows (unflattening it in place would be a collective of one).
-        host_policy = jnp.asarray(jax.device_get(policy))  # [D], on a local device
-        params = jax.device_get(self.unflatten(host_policy))
+        params = unflatten_on_host(self.unflatten, np.asarray(jax.device_get(policy)))  # [D]
         artifact = PolicyArtifact(
             metadata={**self.metadata, "generation": generation, "evalReturn": eval_return},
             params=params,

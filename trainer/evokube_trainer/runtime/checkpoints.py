@@ -86,6 +86,7 @@ class Checkpointer:
             raise ValueError("checkpoint interval and keep must be at least 1")
         self.directory = os.fspath(directory)
         self.interval = interval
+        self._writing: int | None = None  # a background save's generation (`save`)
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
@@ -102,9 +103,21 @@ class Checkpointer:
     def due(self, generation: int) -> bool:
         return generation % self.interval == 0
 
-    def save(self, generation: int, state: Any, layout: Mapping[str, Any] | None = None) -> None:
-        """Write `state` (and the `layout` record that explains it) as checkpoint `generation`
-        and wait until it is complete.
+    def save(
+        self,
+        generation: int,
+        state: Any,
+        layout: Mapping[str, Any] | None = None,
+        *,
+        wait: bool = True,
+    ) -> None:
+        """Write `state` (and the `layout` record that explains it) as checkpoint `generation`.
+
+        `wait` True returns once it is complete. False returns once the state is copied off
+        the devices (Orbax's asynchronous save: the caller may donate or change the state
+        now); the files are written in the background and finished before the next save,
+        `wait` or `close`. Until then `steps` does not list it, and a process killed meanwhile
+        leaves only Orbax's temporary folder, which is never restored.
 
         A step already on disk can only be one `restore_latest` skipped as unreadable (it
         restores the newest readable one): it is replaced, never kept in place of this state.
@@ -125,10 +138,25 @@ class Checkpointer:
                 }
             ),
         )
+        self._writing = generation
+        if wait:
+            self.wait()
+
+    def wait(self) -> None:
+        """Returns once a save still being written in the background is complete."""
         self._manager.wait_until_finished()
+        self._writing = None
+
+    def writing(self) -> int | None:
+        """The generation a background save is still writing, or None."""
+        if self._writing is not None and not self._manager.is_saving_in_progress():
+            self._writing = None
+        return self._writing
 
     def steps(self) -> list[int]:
-        return sorted(self._manager.all_steps())
+        """The complete checkpoints' generations, oldest first."""
+        writing = self.writing()
+        return sorted(step for step in self._manager.all_steps() if step != writing)
 
     def path(self, step: int) -> str:
         return os.path.join(self.directory, str(step))

@@ -166,7 +166,9 @@ class _Generations:
     reason: str = ""
     generation: int = 0
     saved: int | None = None  # the newest generation on disk, once this run saved one
-    save_s: float = 0.0  # how long the last save took
+    writing: int | None = None  # a save started and not yet seen complete
+    save_started: float = 0.0
+    save_s: float = 0.0  # how long the last complete save took
     # Generations too long to finish after a SIGTERM: each one is checkpointed, and a
     # SIGTERM during the next ends the process at once.
     long_generations: bool = False
@@ -224,7 +226,19 @@ class _Generations:
         with self.lock:  # a SIGTERM now waits for this generation's checkpoint
             self._on_generation(state, host)
 
+    def _note_finished_save(self, known: bool = False) -> None:
+        """A save this loop started is complete (`known`: the caller waited for it): it counts
+        as saved, with how long it took (for a background one, up to when it was seen
+        complete: an overestimate)."""
+        if self.writing is None or (not known and self.checkpointer.writing() is not None):
+            return
+        self.saved, self.writing = self.writing, None
+        self.save_s = time.monotonic() - self.save_started
+        self.metrics.record_checkpoint(time.time())
+
     def _on_generation(self, state, host: Mapping[str, float]) -> None:
+        if self.checkpointer:
+            self._note_finished_save()
         generation = int(host["generation"])
         if not math.isfinite(host.get("ec/fitness_mean", 0.0)):
             raise exitcodes.PermanentError(f"training diverged at generation {generation}")
@@ -257,11 +271,18 @@ class _Generations:
         if self.checkpointer and (
             self.code != CONTINUE or self.long_generations or self.checkpointer.due(generation)
         ):
-            started = time.monotonic()
-            self.checkpointer.save(generation, state, self.layout)
-            self.save_s = time.monotonic() - started
-            self.saved = generation
-            self.metrics.record_checkpoint(time.time())
+            # A life's last save, and each one while generations are long (a SIGTERM may end
+            # the process right after it), is complete before the loop goes on; the others
+            # are written in the background while the next chunk runs.
+            complete = self.code != CONTINUE or self.long_generations
+            # A save first waits for the one before it, still in the background, if any.
+            self.checkpointer.wait()
+            self._note_finished_save(known=True)
+            self.save_started = time.monotonic()
+            self.checkpointer.save(generation, state, self.layout, wait=complete)
+            self.writing = generation
+            if complete:
+                self._note_finished_save(known=True)
         if self.reporter is not None and jax.process_index() == 0:
             self.reporter.report(
                 **_progress(host, self.checkpointer), seeds=self.replicas.entries()
