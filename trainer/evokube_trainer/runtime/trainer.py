@@ -166,7 +166,7 @@ class _Generations:
     reason: str = ""
     generation: int = 0
     saved: int | None = None  # the newest generation on disk, once this run saved one
-    writing: int | None = None  # a save started and not yet seen complete
+    writing: int | None = None  # a save written in the background, until waited for
     save_started: float = 0.0
     save_s: float = 0.0  # how long the last complete save took
     # Generations too long to finish after a SIGTERM: each one is checkpointed, and a
@@ -177,9 +177,16 @@ class _Generations:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def write(self, generation: int, host: Mapping[str, float]) -> None:
-        """A recorder of `Workflow.learn`: every generation's metrics, also those inside a
-        chunk, go to Prometheus."""
+        """A recorder of `Workflow.learn` (the first): every generation's metrics, also those
+        inside a chunk, go to Prometheus. A save started after the previous chunk, written in
+        the background while this chunk ran, is complete before any of this chunk's
+        generations is reported anywhere: no history, progress or status shows a generation
+        more than one checkpoint interval past the newest checkpoint on disk."""
         del generation
+        if self.writing is not None:
+            with self.lock:
+                self.checkpointer.wait()
+                self._note_finished_save()
         new_steps = host["env_steps"] - self.env_steps
         self.env_steps = int(host["env_steps"])
         self.metrics.record_generation(host, host["time/step_s"], new_steps)
@@ -226,19 +233,15 @@ class _Generations:
         with self.lock:  # a SIGTERM now waits for this generation's checkpoint
             self._on_generation(state, host)
 
-    def _note_finished_save(self, known: bool = False) -> None:
-        """A save this loop started is complete (`known`: the caller waited for it): it counts
-        as saved, with how long it took (for a background one, up to when it was seen
-        complete: an overestimate)."""
-        if self.writing is None or (not known and self.checkpointer.writing() is not None):
-            return
+    def _note_finished_save(self) -> None:
+        """The save this loop started is complete (the caller waited for it): it counts as
+        saved, with how long it took (for a background one, up to the end of the chunk it was
+        written beside: an overestimate)."""
         self.saved, self.writing = self.writing, None
         self.save_s = time.monotonic() - self.save_started
         self.metrics.record_checkpoint(time.time())
 
     def _on_generation(self, state, host: Mapping[str, float]) -> None:
-        if self.checkpointer:
-            self._note_finished_save()
         generation = int(host["generation"])
         if not math.isfinite(host.get("ec/fitness_mean", 0.0)):
             raise exitcodes.PermanentError(f"training diverged at generation {generation}")
@@ -275,14 +278,11 @@ class _Generations:
             # the process right after it), is complete before the loop goes on; the others
             # are written in the background while the next chunk runs.
             complete = self.code != CONTINUE or self.long_generations
-            # A save first waits for the one before it, still in the background, if any.
-            self.checkpointer.wait()
-            self._note_finished_save(known=True)
             self.save_started = time.monotonic()
             self.checkpointer.save(generation, state, self.layout, wait=complete)
             self.writing = generation
             if complete:
-                self._note_finished_save(known=True)
+                self._note_finished_save()
         if self.reporter is not None and jax.process_index() == 0:
             self.reporter.report(
                 **_progress(host, self.checkpointer), seeds=self.replicas.entries()
