@@ -93,14 +93,14 @@ def test_a_checkpoint_restores_every_replica(runs, tmp_path):
 
 def test_steps_stop_on_the_mean_best_fitness_of_the_replicas(runs):
     _, (workflow, fns, state, _) = runs
-    _, rows, done = fns.steps(state, *workflow.chunk_arguments(4, StopAt.of()))
+    _, rows, done, _ = fns.steps(state, *workflow.chunk_arguments(4, StopAt.of()))
     best = np.asarray(rows["ec/fitness_max"])[: int(done)]  # [generations, seeds]
     assert int(done) == 4 and best.shape == (4, 3)
     # A threshold between the replicas' mean and their best of the first generation: the
     # mean decides, so one replica reaching it does not stop the chunk.
     threshold = (best[0].mean() + best[0].max()) / 2
     reached = np.flatnonzero(best.mean(axis=1) >= threshold)
-    _, _, done = fns.steps(state, *workflow.chunk_arguments(4, StopAt.of(fitness=threshold)))
+    _, _, done, _ = fns.steps(state, *workflow.chunk_arguments(4, StopAt.of(fitness=threshold)))
     assert int(done) == (reached[0] + 1 if reached.size else 4)
     assert int(done) >= 2  # the first generation's best replica reached it: no stop
 

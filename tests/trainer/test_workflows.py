@@ -517,19 +517,20 @@ def test_env_steps_count_past_the_int32_range_and_stop_there(tiny_erl):
     state = fns.init(jax.random.PRNGKey(0))  # 256 warm-up steps, then 240 per generation
     # Just below 2**31 - 1, the int32 limit, and a word boundary of the low word on the way.
     start = 2**31 - 100
-    state, _, done = fns.steps(_with_count(state, start), *workflow.chunk_arguments(3, StopAt.of()))
+    arguments = workflow.chunk_arguments(3, StopAt.of())
+    state, _, done, _ = fns.steps(_with_count(state, start), *arguments)
     assert int(done) == 3
     assert int(env_steps_count(state)) == start + 3 * 240  # past 2**31: no wrap
     assert 0 <= int(state.env_steps) < ENV_STEPS_WORD and int(state.env_steps_high) == 2
     # The device's stop check reads both words: a count above every int32 threshold stops.
-    state, _, done = fns.steps(
+    state, _, done, _ = fns.steps(
         _with_count(state, 5 * ENV_STEPS_WORD + 1),
         *workflow.chunk_arguments(3, StopAt.of(env_steps=2**31 - 1)),
     )
     assert int(done) == 1
     # ... and one below a threshold in the high word does not stop before reaching it.
     threshold = ENV_STEPS_WORD + 500
-    state, _, done = fns.steps(
+    state, _, done, _ = fns.steps(
         _with_count(state, ENV_STEPS_WORD - 10),
         *workflow.chunk_arguments(5, StopAt.of(env_steps=threshold)),
     )
