@@ -61,6 +61,11 @@ log = logging.getLogger(__name__)
 
 # Why a run stops; the agreed reason is the largest code any process raised.
 CONTINUE, STOP_DONE, STOP_PREEMPTED = 0, 1, 2
+# Why a process stops when the agreed code is not the one it raised itself.
+PEER_REASONS = {
+    STOP_PREEMPTED: "a peer was preempted",
+    STOP_DONE: "a peer met a stopping criterion",
+}
 # Signals that checkpoint and exit: SIGTERM from the kubelet, SIGINT from a terminal's Ctrl-C
 # (it reaches every process of `evokube run`'s process group, its trainers too).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -269,7 +274,9 @@ class _Generations:
         self.long_generations = bool(long_generations) and self.checkpointer is not None
         if self.long_generations:
             self.next_chunk = 1
-        self.reason = reason or ("a peer was preempted" if self.code == STOP_PREEMPTED else "")
+        # The agreed code decides the exit, so the reason is its own: a process that met a
+        # stopping criterion in the chunk where a peer was preempted exits as preempted too.
+        self.reason = reason if code == self.code else PEER_REASONS.get(self.code, "")
         self.generation = generation
         if self.checkpointer and (
             self.code != CONTINUE or self.long_generations or self.checkpointer.due(generation)
