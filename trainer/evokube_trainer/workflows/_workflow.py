@@ -382,10 +382,10 @@ class Workflow:
         generation runs through the same loop body whatever `count` is, so how a run is cut
         into calls never changes its numbers."""
         _, shapes = jax.eval_shape(self.step, state)
-        eval_shapes, _ = jax.eval_shape(self.evaluate, state)
+        eval_shapes, evaluation_shapes = jax.eval_shape(self._evaluations, state)
         shapes = {**shapes, **eval_shapes, EVALUATED: jax.ShapeDtypeStruct((), jnp.bool_)}
         rows = jax.tree.map(lambda s: jnp.zeros((capacity, *s.shape), s.dtype), shapes)
-        none = jax.tree.map(jnp.zeros_like, jax.eval_shape(self._evaluation, state))
+        none = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), evaluation_shapes)
         none = none.replace(generation=none.generation - 1, eval_return=none.eval_return - jnp.inf)
         skipped = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), eval_shapes)
 
@@ -404,7 +404,7 @@ class Workflow:
                     lambda s: (skipped, none),
                     state,
                 )
-            last = jax.tree.map(lambda new, old: jnp.where(due, new, old), evaluation, last)
+            last = jax.tree.map(lambda new, old: _where(due, new, old), evaluation, last)
             better = due & (evaluation.eval_return > best.eval_return)  # [] or [seeds]
             best = jax.tree.map(lambda new, old: _where(better, new, old), evaluation, best)
             row = {**metrics, **eval_metrics, EVALUATED: due}
@@ -462,9 +462,6 @@ class Workflow:
     def _evaluations(self, state: WorkflowState) -> tuple[Metrics, Evaluation]:
         """Every replica's evaluation metrics and `Evaluation` (what `steps` keeps)."""
         return self._replicas(self._evaluation_of)(state)
-
-    def _evaluation(self, state: WorkflowState) -> Evaluation:
-        return self._evaluations(state)[1]
 
     def _evaluation_of(self, state: WorkflowState) -> tuple[Metrics, Evaluation]:
         metrics, policy = self._evaluate(state)
