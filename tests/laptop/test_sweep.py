@@ -61,8 +61,11 @@ def test_an_interrupted_sweep_resumes_skipping_the_finished_child(tmp_path):
     path = tiny_sweep(tmp_path, [1, 3])
     folder = tmp_path / "out" / "tiny"
     proc = sweep(path)
-    # Ctrl-C once the second child's run has begun (its first child is finished by then).
-    wait_until(lambda: (folder / "tiny-1" / "logs").exists(), 300, "the second child to start")
+    # Ctrl-C the moment the sweep records its first child's end, a file it writes on purpose:
+    # the second child has then not started, or is in its start-up (imports and compilation,
+    # seconds), so it cannot have finished (a race while the signal waited on its start).
+    outcome = folder / "tiny-0" / "outcome.json"
+    wait_until(outcome.exists, 300, "the first child's outcome", interval=0.02)
     proc.send_signal(signal.SIGINT)
     code, out = finish(proc)
     assert code == exitcodes.RETRIABLE, out

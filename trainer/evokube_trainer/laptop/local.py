@@ -308,23 +308,33 @@ def run_locally(
             ]
         )
     )
-    try:
-        while True:
-            states = [p.poll() for p in procs]  # poll every one: any() would stop early
-            progress.poll()
-            if all(code is not None for code in states):
-                break
-            if any(code not in (None, 0) for code in states):
-                # The survivors cannot checkpoint without the lost peer (saves are
-                # collective) and would wait for it until the heartbeat timeout.
-                _stop(procs, grace_s=0)
-                break
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        with interrupts_ignored():
+    with contextlib.ExitStack() as after_interrupt:
+        try:
+            while True:
+                states = [p.poll() for p in procs]  # poll every one: any() would stop early
+                progress.poll()
+                if all(code is not None for code in states):
+                    break
+                if any(code not in (None, 0) for code in states):
+                    # The survivors cannot checkpoint without the lost peer (saves are
+                    # collective) and would wait for it until the heartbeat timeout.
+                    _stop(procs, grace_s=0)
+                    break
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            # Ctrl-C again, until the command ends, is waited out: the trainers' saves and
+            # this command's reports finish.
+            after_interrupt.enter_context(interrupts_ignored())
             print("\ninterrupted: checkpointing (rerun the same command to resume)", file=out)
             _stop(procs, spec.get("terminationGracePeriodSeconds", GRACE_S))
-    progress.poll()
+        progress.poll()
+        return _outcome(procs, manifest, run_dir, out)
+
+
+def _outcome(
+    procs: list[subprocess.Popen], manifest: Mapping[str, Any], run_dir: Path, out: TextIO
+) -> int:
+    """Once every process has ended: the reports, and the run's exit code with what ended it."""
     codes = [p.wait() for p in procs]
     reports = write_reports(run_dir)
     if all(code == 0 for code in codes):

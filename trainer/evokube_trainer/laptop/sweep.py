@@ -18,6 +18,7 @@ import math
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -35,7 +36,6 @@ from evokube_contract.sweep import (
 )
 from evokube_trainer.laptop import checks_on_cpu
 from evokube_trainer.laptop.curves import plot_curves, read_history
-from evokube_trainer.laptop.local import interrupts_ignored
 from evokube_trainer.runtime import exitcodes, folders, manifest
 
 OUTCOME_FILE = "outcome.json"  # in a child's folder: {"phase", "exitCode"} once it ended
@@ -206,10 +206,13 @@ def run_sweep(
         if child.phase() is not None:
             print(f"[skip]  {child.name}: {child.phase()} earlier", file=out, flush=True)
     running: dict[int, tuple[Child, subprocess.Popen, float]] = {}
-    interrupted = False
+    # Ctrl-C sets a flag the loop reads between steps, never an exception mid-step: a child
+    # whose process was just started is always in `running`, so it is passed the signal.
+    interrupt = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupt.set())
     try:
-        while todo or running:
-            while todo and len(running) < parallel:
+        while (todo or running) and not interrupt.is_set():
+            while todo and len(running) < parallel and not interrupt.is_set():
                 index, child = todo.pop(0)
                 assignment = json.loads(
                     child.manifest["metadata"]["annotations"][SWEEP_ASSIGNMENT_ANNOTATION]
@@ -229,17 +232,19 @@ def run_sweep(
                     file=out,
                     flush=True,
                 )
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        interrupted = True
-        with interrupts_ignored():
+            interrupt.wait(0.2)
+        if interrupt.is_set():
+            # Ctrl-C again while the trainers checkpoint only sets the flag again: the stop
+            # is bounded by their grace period, so it is waited out.
             print("\ninterrupted: the running children checkpoint", file=out, flush=True)
             for _, proc, _ in running.values():
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGINT)
             for child, proc, _ in running.values():
                 child.record(proc.wait())
-    return _report(root, runs, interrupted, out)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return _report(root, runs, interrupt.is_set(), out)
 
 
 def _report(root: Path, runs: list[Child], interrupted: bool, out: TextIO) -> int:

@@ -86,11 +86,13 @@ class StopFlags:
     """
 
     preempted: bool = False
+    signal_name: str = ""  # the stop signal received: SIGTERM (the kubelet), SIGINT (a terminal)
     during_generation: Callable[[], None] | None = None
 
     def install(self) -> None:
         def on_term(signum, _frame):
-            log.warning("received signal %d: checkpointing and exiting", signum)
+            self.signal_name = signal.Signals(signum).name
+            log.warning("received %s: checkpointing and exiting", self.signal_name)
             self.preempted = True
 
         for signum in STOP_SIGNALS:
@@ -137,7 +139,7 @@ def local_stop_code(
     config: RunConfig, metrics: Mapping[str, float], started: float, flags: StopFlags
 ) -> tuple[int, str]:
     if flags.preempted:
-        return STOP_PREEMPTED, "preempted (SIGTERM)"
+        return STOP_PREEMPTED, f"preempted ({flags.signal_name or 'SIGTERM'})"
     if config.max_generations and metrics["generation"] >= config.max_generations:
         return STOP_DONE, f"reached maxGenerations={config.max_generations}"
     if config.max_env_steps and metrics["env_steps"] >= config.max_env_steps:
