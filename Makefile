@@ -6,6 +6,11 @@
 #   make cluster    evokube on a cluster on this machine, until `make cluster-down`
 SHELL := /bin/bash
 PYTHON ?= python3
+# When make started (read once, as it parses): `make test` prints its own time at the end.
+MAKE_STARTED := $(shell date +%s)
+# $(call timed,LABEL,COMMAND): run COMMAND, then print how long it took.
+timed = start=$$(date +%s); $(2); status=$$?; \
+	echo "[make] $(1): $$(( $$(date +%s) - start )) s"; exit $$status
 VENV := .venv
 # Reinstall when pyproject.toml changes.
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
@@ -20,11 +25,9 @@ SYSTEM_PACKAGES := prometheus podman buildah debootstrap shellcheck
 SYSTEM_TOOLS := prometheus promtool podman buildah debootstrap shellcheck
 
 $(STAMP): pyproject.toml constraints.txt
-	rm -f $(VENV)/.installed-*
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -c constraints.txt -e '.[dev]'
-	touch $@
+	@$(call timed,python packages,rm -f $(VENV)/.installed-* && $(PYTHON) -m venv $(VENV) && \
+	  $(VENV)/bin/pip install -q --upgrade pip && \
+	  $(VENV)/bin/pip install -q -c constraints.txt -e '.[dev]' && touch $@)
 
 # constraints.txt: the tested versions, from a fresh resolution (not an install) of the
 # dev extras with the accelerator ones (cuda, tpu), one consistent set; like pip freeze,
@@ -53,11 +56,9 @@ CHECKOV_VENV := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-$(CHECKOV_VERSION)
 
 $(CHECKOV_STAMP):
-	rm -rf $(CHECKOV_VENV)
-	$(PYTHON) -m venv $(CHECKOV_VENV)
-	$(CHECKOV_VENV)/bin/pip install -q --upgrade pip
-	$(CHECKOV_VENV)/bin/pip install -q checkov==$(CHECKOV_VERSION)
-	touch $@
+	@$(call timed,checkov,rm -rf $(CHECKOV_VENV) && $(PYTHON) -m venv $(CHECKOV_VENV) && \
+	  $(CHECKOV_VENV)/bin/pip install -q --upgrade pip && \
+	  $(CHECKOV_VENV)/bin/pip install -q checkov==$(CHECKOV_VERSION) && touch $@)
 
 checkov: $(CHECKOV_STAMP)
 
@@ -79,12 +80,11 @@ OLDEST_MINOR_SUITES ?= tests/helm tests/operator/test_security.py tests/runtime/
 
 # Pinned control-plane binaries, built once into ~/.cache/evokube (a no-op when cached).
 cluster-binaries:
-	bash tests/cluster/build.sh
-	EVOKUBE_KUBE_MINOR=$(OLDEST_MINOR) bash tests/cluster/build.sh kubernetes
+	@$(call timed,cluster binaries,bash tests/cluster/build.sh && \
+	  EVOKUBE_KUBE_MINOR=$(OLDEST_MINOR) bash tests/cluster/build.sh kubernetes)
 
 lint: setup
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+	@$(call timed,lint,$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .)
 
 # Two workers (pytest-xdist), each with its own control plane and operator: a serial run
 # keeps about 1.2 of 2 cores busy (most tests wait on trainers, controllers and the API
@@ -92,8 +92,10 @@ lint: setup
 # fixtures, in one worker.
 TEST_WORKERS ?= 2
 test: setup system-deps cluster-binaries checkov lint
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile
-	EVOKUBE_KUBE_MINOR=$(OLDEST_MINOR) $(VENV)/bin/pytest $(OLDEST_MINOR_SUITES)
+	@$(call timed,pytest,$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile)
+	@$(call timed,pytest on Kubernetes $(OLDEST_MINOR),\
+	  EVOKUBE_KUBE_MINOR=$(OLDEST_MINOR) $(VENV)/bin/pytest $(OLDEST_MINOR_SUITES))
+	@echo "[make] make test: $$(( $$(date +%s) - $(MAKE_STARTED) )) s in all"
 
 # The pinned control plane, kwok's fake TPU and GPU pools, the chart's operator, trainer
 # pods run as local processes, and Prometheus (`make system-deps`): tests/e2e/laptop_cluster.py.

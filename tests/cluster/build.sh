@@ -166,4 +166,8 @@ build_jobset() {
 
 components=("$@")
 [[ ${#components[@]} -gt 0 ]] || components=(etcd kwok helm kubernetes fake_gcs_server kueue jobset)
-for c in "${components[@]}"; do "build_$c"; done
+for c in "${components[@]}"; do
+  started=$SECONDS
+  "build_$c"
+  log "$c: $((SECONDS - started)) s"
+done
