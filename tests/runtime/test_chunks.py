@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from evokube_trainer.runtime.checkpoints import Checkpointer
-from evokube_trainer.runtime.trainer import _Generations, StopFlags
+from evokube_trainer.runtime.trainer import StopFlags, _Generations
 
 
 def generations(tmp_path, *, interval, next_chunk, writing=None, max_generations=0):
