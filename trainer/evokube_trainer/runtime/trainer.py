@@ -188,7 +188,7 @@ class _Generations:
         inside a chunk, go to Prometheus. A save started after the previous chunk, written in
         the background while this chunk ran, is complete before any of this chunk's
         generations is reported anywhere: no history, progress or status shows a generation
-        more than one chunk past the newest checkpoint on disk."""
+        more than one checkpoint interval past the newest checkpoint on disk."""
         del generation
         if self.writing is not None:
             with self.lock:
@@ -205,21 +205,14 @@ class _Generations:
 
     def chunk(self, generation: int) -> int:
         """How many generations may run from `generation` on before the host needs the
-        state: never past maxGenerations; one at a time while generations are long;
-        otherwise as many as the agreed `next_chunk` (about CHUNK_SECONDS of work), ended at
-        the next due checkpoint. While the previous chunk's save is still being written, the
-        chunk runs its full size and ends at the last checkpoint due within it instead: saves
-        come at most about once a chunk, never queued behind one another, however many
-        intervals a second of training spans (a save costs tens of ms; a generation may cost
-        less than one)."""
-        count = max(self.next_chunk, 1)
+        state: never past maxGenerations or a checkpoint that is due; one at a time while
+        generations are long; otherwise as many as the agreed `next_chunk`."""
+        count = self.next_chunk
         if self.config.max_generations:
             count = min(count, self.config.max_generations - generation)
         if self.checkpointer is not None:
             interval = self.checkpointer.interval
-            next_due = interval - generation % interval
-            last_due = (generation + count) // interval * interval - generation
-            count = last_due if self.writing is not None and last_due > 0 else min(count, next_due)
+            count = min(count, interval - generation % interval)
         return max(count, 1)
 
     def on_evaluation(self, last: Evaluation, best: Evaluation) -> None:
