@@ -344,9 +344,8 @@ def train(
     checkpointer = None
     if checkpoint_dir:
         objectstore.prepare(checkpoint_dir)  # a bucket: its libraries, endpoint and access
-        shared = os.environ.get(ENV_XLA_CACHE)
         enable_compilation_cache(
-            shared or os.path.join(checkpoint_dir, XLA_CACHE_SUBDIR), shared=bool(shared)
+            os.environ.get(ENV_XLA_CACHE) or os.path.join(checkpoint_dir, XLA_CACHE_SUBDIR)
         )
         checkpointer = Checkpointer(
             os.path.join(checkpoint_dir, CHECKPOINTS_SUBDIR),
