@@ -3,14 +3,12 @@
 import json
 import os
 import re
-import shutil
 import uuid
 from pathlib import Path
 
 import pytest
 
 import evokube_contract as contract
-from evokube_trainer.runtime.checkpoints import enable_compilation_cache
 from tests.cluster.controlplane import ControlPlane, wait_until
 from tests.helm.chart import operator_policies, operator_rbac, trainer_token_mode
 from tests.operator.conftest import (
@@ -26,20 +24,10 @@ from tests.operator.conftest import (
 # entry point (they inherit this environment; the e2e pods do not): the same small programs
 # compile once per machine, not once per test (docs/testing.md). A test of where the cache goes
 # by default sets it empty.
-XLA_TEST_CACHE = Path(os.environ.get("EVOKUBE_CACHE", Path.home() / ".cache" / "evokube")) / "xla"
-XLA_TEST_CACHE_BYTES = 4 << 30  # past this (programs change with the code), it starts over
-
-
-def _bounded(cache: Path) -> Path:
-    if cache.exists() and sum(p.stat().st_size for p in cache.iterdir()) > XLA_TEST_CACHE_BYTES:
-        shutil.rmtree(cache, ignore_errors=True)
-    return cache
-
-
-os.environ.setdefault(contract.ENV_XLA_CACHE, str(_bounded(XLA_TEST_CACHE)))
-# The same cache for what the tests compile in their own process (the workflows' learning
-# tests): a warm `make test` loads those programs too.
-enable_compilation_cache(os.environ[contract.ENV_XLA_CACHE])
+os.environ.setdefault(
+    contract.ENV_XLA_CACHE,
+    str(Path(os.environ.get("EVOKUBE_CACHE", Path.home() / ".cache" / "evokube")) / "xla-tests"),
+)
 
 # The longest files (minutes each on 2 cores), longest first: `make test` runs two workers and
 # keeps a file's tests in one, so a long file collected last would run alone at the end. Only

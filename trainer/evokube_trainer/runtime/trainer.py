@@ -344,8 +344,9 @@ def train(
     checkpointer = None
     if checkpoint_dir:
         objectstore.prepare(checkpoint_dir)  # a bucket: its libraries, endpoint and access
+        shared = os.environ.get(ENV_XLA_CACHE)
         enable_compilation_cache(
-            os.environ.get(ENV_XLA_CACHE) or os.path.join(checkpoint_dir, XLA_CACHE_SUBDIR)
+            shared or os.path.join(checkpoint_dir, XLA_CACHE_SUBDIR), shared=bool(shared)
         )
         checkpointer = Checkpointer(
             os.path.join(checkpoint_dir, CHECKPOINTS_SUBDIR),
