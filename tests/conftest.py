@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-import evokube_contract as contract
 from tests.cluster.controlplane import ControlPlane, wait_until
 from tests.helm.chart import operator_policies, operator_rbac, trainer_token_mode
 from tests.operator.conftest import (
@@ -18,15 +17,6 @@ from tests.operator.conftest import (
     OperatorProcess,
     release_gangs,
     service_account_kubeconfig,
-)
-
-# One XLA compilation cache for every trainer the suite starts through `evokube run` or the
-# entry point (they inherit this environment; the e2e pods do not): the same small programs
-# compile once per machine, not once per test (docs/testing.md). A test of where the cache goes
-# by default sets it empty.
-os.environ.setdefault(
-    contract.ENV_XLA_CACHE,
-    str(Path(os.environ.get("EVOKUBE_CACHE", Path.home() / ".cache" / "evokube")) / "xla-tests"),
 )
 
 # The longest files (minutes each on 2 cores), longest first: `make test` runs two workers and

@@ -386,15 +386,8 @@ def _short(value: Any) -> str:
     return text if len(text) <= 30 else text[:27] + "..."
 
 
-# A cache shared by every run on a machine (EVOKUBE_XLA_CACHE_DIR) outlives them all and gains
-# entries with every change to a program: its least recently used ones go past this size.
-SHARED_CACHE_BYTES = 4 << 30
-
-
-def enable_compilation_cache(directory: str | os.PathLike[str], *, shared: bool = False) -> None:
-    """Keep compiled XLA programs in `directory` so a restart skips most compilation; `shared`:
-    a directory of the machine's, not the experiment's, held to SHARED_CACHE_BYTES."""
+def enable_compilation_cache(directory: str | os.PathLike[str]) -> None:
+    """Keep compiled XLA programs in `directory` so a restart skips most compilation."""
     jax.config.update("jax_compilation_cache_dir", os.fspath(directory))
-    jax.config.update("jax_compilation_cache_max_size", SHARED_CACHE_BYTES if shared else -1)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

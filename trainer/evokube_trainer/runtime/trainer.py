@@ -33,7 +33,6 @@ import numpy as np
 
 from evokube_contract import (
     CHECKPOINTS_SUBDIR,
-    ENV_XLA_CACHE,
     EXECUTABLES_SUBDIR,
     POLICIES_SUBDIR,
     XLA_CACHE_SUBDIR,
@@ -344,10 +343,7 @@ def train(
     checkpointer = None
     if checkpoint_dir:
         objectstore.prepare(checkpoint_dir)  # a bucket: its libraries, endpoint and access
-        shared = os.environ.get(ENV_XLA_CACHE)
-        enable_compilation_cache(
-            shared or os.path.join(checkpoint_dir, XLA_CACHE_SUBDIR), shared=bool(shared)
-        )
+        enable_compilation_cache(os.path.join(checkpoint_dir, XLA_CACHE_SUBDIR))
         checkpointer = Checkpointer(
             os.path.join(checkpoint_dir, CHECKPOINTS_SUBDIR),
             interval=config.checkpoint_interval,
