@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import yaml
+from jax.experimental.compilation_cache import compilation_cache
 
 from evokube_trainer.runtime.executables import ExecutableStore, build_time, fingerprint
 
@@ -49,6 +50,28 @@ def test_another_fingerprint_or_argument_shape_compiles_anew(tmp_path):
     ExecutableStore(tmp_path, "b").compiled("f", fn, x)  # another configuration or code
     ExecutableStore(tmp_path, "a").compiled("f", fn, jnp.arange(5.0))  # another shape
     assert len(traces) == 2 and len(list(tmp_path.iterdir())) == 3
+
+
+def test_a_program_read_from_the_xla_cache_is_not_written_since_it_would_not_run(tmp_path, caplog):
+    """Another fingerprint (a new image, the same program) compiles through JAX's persistent
+    cache; such an executable serializes without its object code on CPU (it loads, then fails
+    when called), so it is not kept, and the next life reads the cache again."""
+    x = jnp.arange(4.0)
+    compilation_cache.set_cache_dir(str(tmp_path / "xla"))
+    compilation_cache.reset_cache()
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    try:
+        fn, _ = _traced_twice()
+        ExecutableStore(tmp_path / "a", "a").compiled("f", fn, x)  # compiled: kept
+        fn, _ = _traced_twice()
+        with caplog.at_level(logging.INFO):
+            compiled = ExecutableStore(tmp_path / "b", "b").compiled("f", fn, x)
+        np.testing.assert_array_equal(compiled(x), 2 * x)
+    finally:
+        jax.config.update("jax_compilation_cache_dir", None)
+        compilation_cache.reset_cache()
+    assert len(list((tmp_path / "a").iterdir())) == 1
+    assert not (tmp_path / "b").exists() and "came from the XLA cache" in caplog.text
 
 
 def test_a_preloaded_program_is_used_only_for_arguments_of_its_signature(tmp_path, caplog):

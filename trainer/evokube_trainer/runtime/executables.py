@@ -172,6 +172,8 @@ class ExecutableStore:
         started = time.perf_counter()
         lowered = jitted.lower(*args)
         traced = time.perf_counter()
+        _listen_to_builds()
+        hits = _cache_hits[0]
         compiled = lowered.compile()
         log.info(
             "compiled the %s program: traced and lowered in %.1f s, compiled in %.1f s",
@@ -179,7 +181,13 @@ class ExecutableStore:
             traced - started,
             time.perf_counter() - traced,
         )
-        self._save(path, compiled)
+        if _cache_hits[0] != hits:
+            # An executable read from JAX's persistent cache serializes without its object code
+            # on CPU (it loads, then fails when called: "Function ... not found"): not kept;
+            # the next life reads the persistent cache again.
+            log.info("the %s program came from the XLA cache: not written to %s", name, path)
+        else:
+            self._save(path, compiled)
         return compiled
 
     def _load(self, path: epath.Path) -> Callable | None:
@@ -212,9 +220,18 @@ def _count_build(event: str, duration: float, **_: Any) -> None:
         _build_seconds[part] += duration
 
 
+_cache_hits = [0]  # executables JAX read from its persistent compilation cache, this process
+
+
+def _count_cache_hit(event: str, **_: Any) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        _cache_hits[0] += 1
+
+
 @functools.cache
 def _listen_to_builds() -> None:
     jax.monitoring.register_event_duration_secs_listener(_count_build)
+    jax.monitoring.register_event_listener(_count_cache_hit)
 
 
 @contextlib.contextmanager
