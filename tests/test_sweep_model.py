@@ -313,6 +313,30 @@ def test_validate_refuses_an_expansion_over_the_cap(tmp_path, capsys):
     assert "spec.parameters: expands to 289 children, more than 256" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("template_field", "value", "path"),
+    [
+        ("algorithm", "openes", "spec.algorithm.ec.noiseStd"),
+        ("population", [64], "spec.population.size"),
+    ],
+)
+def test_validate_names_a_parameter_whose_path_crosses_a_non_object_of_the_template(
+    tmp_path, capsys, template_field, value, path
+):
+    bad = with_changes(
+        {
+            f"spec.template.spec.{template_field}": value,
+            "spec.parameters": [{"path": path, "values": [1]}],
+        },
+        SWEEP,
+    )
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    assert cli.main(["validate", str(tmp_path / "bad.yaml")]) == exitcodes.PERMANENT
+    err = capsys.readouterr().err
+    assert f"spec.parameters[0].path: {path} crosses spec.template.spec.{template_field}" in err
+    assert "AttributeError" not in err
+
+
 def test_a_valid_sweep_loads_with_its_defaulted_children(tmp_path):
     (tmp_path / "ok.yaml").write_text(yaml.safe_dump(SWEEP))
     loaded, children = load_sweep(tmp_path / "ok.yaml")

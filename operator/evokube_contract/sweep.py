@@ -225,6 +225,24 @@ def _check_path(path: Any, field: str, earlier: list[str]) -> None:
             raise SweepError(field, f"{path} overlaps the parameter {other}")
 
 
+def _check_template_crossing(template: Mapping[str, Any], path: str, field: str) -> None:
+    """A parameter's path may only pass through objects of the template: `spec.algorithm.ec.x`
+    cannot be set where the template says `algorithm: openes`."""
+    node: Any = template
+    crossed = "spec"
+    for part in path.split(".")[1:-1]:
+        crossed = f"{crossed}.{part}"
+        node = node.get(part) if isinstance(node, Mapping) else None
+        if node is None:
+            return  # unset below here: the child gets the objects it needs
+        if not isinstance(node, Mapping):
+            raise SweepError(
+                field,
+                f"{path} crosses spec.template.{crossed}, which the template sets to "
+                f"{json.dumps(node)[:60]} (not an object)",
+            )
+
+
 def _number(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise SweepError(field, f"{value!r} is not a number")
@@ -264,12 +282,14 @@ def expand(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The children's assignments `{path: value}`, in order; SweepError names the field at
     fault."""
     parameters = spec.get("parameters") or []
+    template = (spec.get("template") or {}).get("spec") or {}
     axes: list[tuple[str, list]] = []
     drawers: list[tuple[str, Any]] = []
     paths: list[str] = []
     for i, parameter in enumerate(parameters):
         field = f"spec.parameters[{i}]"
         _check_path(parameter.get("path"), f"{field}.path", paths)
+        _check_template_crossing(template, parameter["path"], f"{field}.path")
         paths.append(parameter["path"])
         if ("values" in parameter) == ("distribution" in parameter):
             raise SweepError(field, "set exactly one of values and distribution")

@@ -143,6 +143,16 @@ def test_an_expansion_error_is_invalid_naming_the_field():
     assert "spec.parameters[0].path" in invalid["message"]
 
 
+def test_a_path_crossing_a_non_object_of_the_template_is_invalid_naming_the_parameter():
+    bad = a_sweep(template={"spec": {**spec(), "population": [64]}})
+    plan = plan_sweep(observe(bad))
+    assert plan.patch["phase"] == api.INVALID
+    invalid = find(plan.patch["conditions"], api.COND_INVALID)
+    assert invalid["reason"] == api.REASON_INVALID_SPEC
+    assert "spec.parameters[0].path: spec.population.size crosses" in invalid["message"]
+    assert [e.type for e in plan.events] == ["Warning"]
+
+
 def test_the_finished_sweep_reports_counts_configurations_and_the_best():
     kids = [
         child(i, api.SUCCEEDED if i != 4 else api.FAILED, seeds=[(0, -100.0 * (i + 1))])
