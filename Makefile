@@ -9,8 +9,8 @@ PYTHON ?= python3
 # When make started (read once, as it parses): `make test` prints its own time at the end.
 MAKE_STARTED := $(shell date +%s)
 # $(call timed,LABEL,COMMAND): run COMMAND, then print how long it took.
-timed = start=$$(date +%s); $(2); status=$$?; \
-	echo "[make] $(1): $$(( $$(date +%s) - start )) s"; exit $$status
+timed = (start=$$(date +%s); $(2); status=$$?; \
+	echo "[make] $(1): $$(( $$(date +%s) - start )) s"; exit $$status)
 VENV := .venv
 # Reinstall when pyproject.toml changes.
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
@@ -92,10 +92,11 @@ lint: setup
 # fixtures, in one worker.
 TEST_WORKERS ?= 2
 test: setup system-deps cluster-binaries checkov lint
-	@$(call timed,pytest,$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile)
-	@$(call timed,pytest on Kubernetes $(OLDEST_MINOR),\
-	  EVOKUBE_KUBE_MINOR=$(OLDEST_MINOR) $(VENV)/bin/pytest $(OLDEST_MINOR_SUITES))
-	@echo "[make] make test: $$(( $$(date +%s) - $(MAKE_STARTED) )) s in all"
+	@$(call timed,pytest,$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile) && \
+	  $(call timed,pytest on Kubernetes $(OLDEST_MINOR),\
+	    EVOKUBE_KUBE_MINOR=$(OLDEST_MINOR) $(VENV)/bin/pytest $(OLDEST_MINOR_SUITES)); \
+	  status=$$?; echo "[make] make test: $$(( $$(date +%s) - $(MAKE_STARTED) )) s in all"; \
+	  exit $$status
 
 # The pinned control plane, kwok's fake TPU and GPU pools, the chart's operator, trainer
 # pods run as local processes, and Prometheus (`make system-deps`): tests/e2e/laptop_cluster.py.
