@@ -232,7 +232,7 @@ def _check_template_crossing(template: Mapping[str, Any], path: str, field: str)
     crossed = "spec"
     for part in path.split(".")[1:-1]:
         crossed = f"{crossed}.{part}"
-        node = node.get(part) if isinstance(node, Mapping) else None
+        node = node.get(part)  # a Mapping: anything else was refused one part earlier
         if node is None:
             return  # unset below here: the child gets the objects it needs
         if not isinstance(node, Mapping):

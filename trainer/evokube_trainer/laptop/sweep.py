@@ -242,9 +242,9 @@ def run_sweep(
                     proc.send_signal(signal.SIGINT)
             for child, proc, _ in running.values():
                 child.record(proc.wait())
+        return _report(root, runs, interrupt.is_set(), out)  # a Ctrl-C during it is waited out
     finally:
         signal.signal(signal.SIGINT, previous)
-    return _report(root, runs, interrupt.is_set(), out)
 
 
 def _report(root: Path, runs: list[Child], interrupted: bool, out: TextIO) -> int:
