@@ -296,12 +296,13 @@ class Report:
 
 def experiment_document(**spec_changes: Any) -> dict[str, Any]:
     """experiment.yaml, with top-level spec fields merged (one level deep) from `spec_changes`
-    (None drops a field)."""
+    (None drops a field, at either level)."""
     document = yaml.safe_load(EXPERIMENT.read_text())
     for key, value in spec_changes.items():
         old = document["spec"].get(key)
-        both = isinstance(old, dict) and isinstance(value, dict)
-        document["spec"][key] = {**old, **value} if both else value
+        if isinstance(old, dict) and isinstance(value, dict):
+            value = {k: v for k, v in {**old, **value}.items() if v is not None}
+        document["spec"][key] = value
     return document
 
 
@@ -424,6 +425,9 @@ def _stopped_lines(stack: Stack, ns: str, job: str, report: Report) -> None:
 # target (generation 64). Checkpoints are written synchronously, so whenever the kill
 # lands, the newest complete one is at most one interval behind.
 KILL_AT = 7
+# The evicted run's length: chunks of about a second each (no checkpoint ends them), so
+# the SIGTERM has several seconds to land after the generation the eviction waits for.
+EVICTED_RUN_GENERATIONS = 600
 
 
 def _begin(stack: Stack, ns: str, timeline: Timeline, **spec_changes: Any) -> Report:
@@ -431,7 +435,7 @@ def _begin(stack: Stack, ns: str, timeline: Timeline, **spec_changes: Any) -> Re
     document = experiment_document(**spec_changes)
     name, spec = document["metadata"]["name"], document["spec"]
     report = Report(timeline, Watcher(stack, ns, name, timeline))
-    report.target = spec["stopping"]["targetFitness"]
+    report.target = spec["stopping"].get("targetFitness")
     report.interval = spec["checkpoint"]["intervalGenerations"]
     report.operator_before = stack.operator_samples()
     report.watcher.start()
@@ -464,7 +468,20 @@ def evicted_trainer(stack: Stack, ns: str, timeline: Timeline) -> Report:
     """Evict one trainer pod: the gang checkpoints on SIGTERM; the restart is not counted."""
     from kubernetes import client
 
-    report = _begin(stack, ns, timeline, maxRestarts=0, checkpoint={"intervalGenerations": 1000})
+    # No periodic checkpoint (the resume point must be the SIGTERM one), so a chunk runs
+    # about a second of generations: a run that stops at its target (generation 64) could
+    # finish in the chunk after the one the eviction waits for, before the SIGTERM lands.
+    # It runs to maxGenerations instead, several chunks past the eviction, and its best
+    # fitness passes the usual target on the way.
+    report = _begin(
+        stack,
+        ns,
+        timeline,
+        maxRestarts=0,
+        checkpoint={"intervalGenerations": 1000},
+        stopping={"targetFitness": None, "maxGenerations": EVICTED_RUN_GENERATIONS},
+    )
+    report.target = yaml.safe_load(EXPERIMENT.read_text())["spec"]["stopping"]["targetFitness"]
     name = report.watcher.name
     try:
         pods = _train_until(stack, ns, f"{name}-0", 8, report)
