@@ -3,11 +3,14 @@
 import json
 import os
 import re
+import shutil
 import uuid
 from pathlib import Path
 
 import pytest
 
+import evokube_contract as contract
+from evokube_trainer.runtime.checkpoints import enable_compilation_cache
 from tests.cluster.controlplane import ControlPlane, wait_until
 from tests.helm.chart import operator_policies, operator_rbac, trainer_token_mode
 from tests.operator.conftest import (
@@ -18,6 +21,26 @@ from tests.operator.conftest import (
     release_gangs,
     service_account_kubeconfig,
 )
+
+# One XLA compilation cache for every trainer the suite starts through `evokube run` or the
+# entry point (they inherit this environment; the e2e pods do not) and for what the tests
+# compile in their own processes: kept between runs outside the repo, so a warm `make test`
+# loads the programs an earlier run compiled (docs/testing.md). Tests of where a run's own
+# cache goes, or of executables/ (which keeps no program the cache served), set it empty.
+CACHE = Path(os.environ.get("EVOKUBE_CACHE", Path.home() / ".cache" / "evokube"))
+XLA_TEST_CACHE = CACHE / "xla-tests"
+XLA_TEST_CACHE_BYTES = 4 << 30  # past this (programs change with the code), it starts over
+
+
+def _bounded(cache: Path) -> Path:
+    if cache.exists() and sum(p.stat().st_size for p in cache.iterdir()) > XLA_TEST_CACHE_BYTES:
+        shutil.rmtree(cache, ignore_errors=True)
+    return cache
+
+
+os.environ.setdefault(contract.ENV_XLA_CACHE, str(_bounded(XLA_TEST_CACHE)))
+if os.environ[contract.ENV_XLA_CACHE]:
+    enable_compilation_cache(os.environ[contract.ENV_XLA_CACHE])
 
 # The longest files (minutes each on 2 cores), longest first: `make test` runs two workers and
 # keeps a file's tests in one, so a long file collected last would run alone at the end. Only

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import evokube_contract as contract
 from evokube_trainer.laptop.curves import read_history
 from evokube_trainer.runtime import exitcodes, objectstore
 from evokube_trainer.runtime.checkpoints import Checkpointer
@@ -112,7 +113,8 @@ def test_two_hosts_write_to_the_bucket_and_resume_there(store, tmp_path):
         interval=1,
         extra={"checkpoint": {"intervalGenerations": 1, "location": location}},
     )
-    first = start_run(tmp_path, doc, "--processes", "2", env=emulator.env)
+    env = {**emulator.env, contract.ENV_XLA_CACHE: ""}  # the cache's default place: the bucket
+    first = start_run(tmp_path, doc, "--processes", "2", env=env)
     out, _ = first.communicate(timeout=600)
     assert first.returncode == 0, out
 
@@ -126,7 +128,7 @@ def test_two_hosts_write_to_the_bucket_and_resume_there(store, tmp_path):
     assert not (tmp_path / "runs" / "two-hosts" / "checkpoints").exists()
 
     doc["spec"]["stopping"]["maxGenerations"] = 4
-    second = start_run(tmp_path, doc, "--processes", "2", env=emulator.env)
+    second = start_run(tmp_path, doc, "--processes", "2", env=env)
     out, _ = second.communicate(timeout=600)
     assert second.returncode == 0, out
     generations = [

@@ -11,12 +11,26 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import yaml
 from jax.experimental.compilation_cache import compilation_cache
 
+import evokube_contract as contract
 from evokube_trainer.runtime.executables import ExecutableStore, build_time, fingerprint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(autouse=True)
+def no_shared_compilation_cache():
+    """These tests compile and keep programs themselves: the suite's shared XLA cache
+    (tests/conftest.py) would serve them instead, and a served program is not kept."""
+    shared = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", None)
+    compilation_cache.reset_cache()
+    yield
+    jax.config.update("jax_compilation_cache_dir", shared)
+    compilation_cache.reset_cache()
 
 
 def _traced_twice():
@@ -69,7 +83,6 @@ def test_a_program_read_from_the_xla_cache_is_not_written_since_it_would_not_run
         np.testing.assert_array_equal(compiled(x), 2 * x)
     finally:
         jax.config.update("jax_compilation_cache_dir", None)
-        compilation_cache.reset_cache()
     assert len(list((tmp_path / "a").iterdir())) == 1
     assert not (tmp_path / "b").exists() and "came from the XLA cache" in caplog.text
 
@@ -157,7 +170,11 @@ def test_a_resumed_run_loads_its_programs_and_trains_as_one_run(tmp_path):
         path.write_text(yaml.safe_dump(manifest))
         command = [sys.executable, "-m", "evokube_trainer.laptop.cli", "run", str(path)]
         subprocess.run(
-            [*command, "--runs-dir", str(runs_dir)], cwd=ROOT, check=True, capture_output=True
+            [*command, "--runs-dir", str(runs_dir)],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            env={**os.environ, contract.ENV_XLA_CACHE: ""},  # each run's own cache
         )
         return runs_dir / "stored"
 

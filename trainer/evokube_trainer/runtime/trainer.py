@@ -33,6 +33,7 @@ import numpy as np
 
 from evokube_contract import (
     CHECKPOINTS_SUBDIR,
+    ENV_XLA_CACHE,
     EXECUTABLES_SUBDIR,
     POLICIES_SUBDIR,
     XLA_CACHE_SUBDIR,
@@ -343,7 +344,9 @@ def train(
     checkpointer = None
     if checkpoint_dir:
         objectstore.prepare(checkpoint_dir)  # a bucket: its libraries, endpoint and access
-        enable_compilation_cache(os.path.join(checkpoint_dir, XLA_CACHE_SUBDIR))
+        enable_compilation_cache(
+            os.environ.get(ENV_XLA_CACHE) or os.path.join(checkpoint_dir, XLA_CACHE_SUBDIR)
+        )
         checkpointer = Checkpointer(
             os.path.join(checkpoint_dir, CHECKPOINTS_SUBDIR),
             interval=config.checkpoint_interval,
