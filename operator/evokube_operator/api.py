@@ -123,6 +123,9 @@ COND_BLOCKED: Final = "Blocked"
 COND_CHECKPOINTS_EPHEMERAL: Final = "CheckpointsEphemeral"
 # An ERLSweep's: True (final for its generation) when it cannot expand or a child is refused.
 COND_INVALID: Final = "Invalid"
+# True while the API server refuses the whole status (a sweep's summary too large, say): what
+# could be written (phase, counts, conditions) is, the rest is left out.
+COND_STATUS_INCOMPLETE: Final = "StatusIncomplete"
 
 # -- status.conditions: reasons (also the reasons of the Events) --------------------------
 REASON_WAITING_FOR_HOSTS: Final = "WaitingForHosts"
@@ -162,6 +165,8 @@ REASON_REFERENCE_NOT_ALLOWED: Final = "ReferenceNotAllowed"
 # namespace's own folder (ownership.location_blocker).
 REASON_LOCATION_NOT_ALLOWED: Final = "LocationNotAllowed"
 REASON_UNBLOCKED: Final = "Unblocked"  # Blocked False: the cause is gone
+REASON_STATUS_REFUSED: Final = "StatusRefused"  # StatusIncomplete True, and its Event
+REASON_STATUS_WRITTEN: Final = "StatusWritten"  # StatusIncomplete False: written whole again
 REASON_EMPTYDIR_CHECKPOINTS: Final = "EmptyDirCheckpoints"  # CheckpointsEphemeral True
 REASON_DURABLE_CHECKPOINTS: Final = "DurableCheckpoints"  # CheckpointsEphemeral False
 # Restarting: someone else deleted the current Job; the next attempt starts (a preemption).

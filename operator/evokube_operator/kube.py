@@ -9,6 +9,7 @@ counted for the operator's metrics.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +53,22 @@ class ApiError(Exception):
         self.status = status
         self.reason = reason
         self.message = message
+
+
+def refused_write(err: ApiError) -> bool:
+    """The API server will refuse this write again as it is (too large, invalid), rather
+    than a conflict, a missing object or a passing failure: retrying it changes nothing."""
+    # etcd's limit on one write, as the API server passes it on: "rpc error: code =
+    # ResourceExhausted desc = trying to send message larger than max (N vs. 2097152)", or
+    # "etcdserver: request is too large".
+    too_large = err.status == 500 and re.search(
+        r"ResourceExhausted|larger than max|too large", err.message
+    )
+    return err.status in (400, 413, 422) or bool(too_large)
+
+
+# kube-apiserver's limit on a request body: past it, it closes the connection unanswered.
+MAX_REQUEST_BYTES = 3 << 20
 
 
 RequestCounter = Callable[[str, str, int], None]  # (verb, kind, status)
@@ -278,6 +295,14 @@ class Kube:
         taken on a stale read fail with 409 instead of being written.
         """
         body = {"metadata": {"resourceVersion": resource_version}, "status": dict(status)}
+        size = len(json.dumps(body, separators=(",", ":")))
+        if size > MAX_REQUEST_BYTES:  # the server would drop the connection, not answer
+            raise ApiError(
+                413,
+                f"the status is {size:,} bytes, over the API server's {MAX_REQUEST_BYTES:,} "
+                "a request",
+                "RequestEntityTooLarge",
+            )
         return self.request(
             "PATCH",
             kind,

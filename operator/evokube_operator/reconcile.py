@@ -40,7 +40,7 @@ from evokube_operator.decide import (
     Status,
     decide,
 )
-from evokube_operator.kube import ApiError, Kube
+from evokube_operator.kube import ApiError, Kube, refused_write
 from evokube_operator.observe import ExperimentView, JobEvent, JobView, PodView, QueueView
 from evokube_operator.ownership import (
     LABEL_OPT_INS,
@@ -55,7 +55,7 @@ from evokube_operator.ownership import (
 )
 from evokube_operator.policies import startup
 from evokube_operator.policies.refusal import Refusal
-from evokube_operator.spec import Experiment, ExperimentSpec
+from evokube_operator.spec import Experiment, ExperimentSpec, format_time
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, name)
@@ -184,7 +184,8 @@ class Reconciler:
                 stop = self._prepare(exp, plan, patch, old, memory)
                 if stop is not None:
                     continue  # decide again: Blocked, or Failed
-            if patch:
+            if patch or cond.is_true(old.conditions, api.COND_STATUS_INCOMPLETE):
+                patch = _status_whole_again(patch, plan.status, old, exp.generation, self.clock())
                 try:
                     body = self.kube.patch_status(
                         exp.namespace, exp.name, patch, exp.resource_version
@@ -199,6 +200,8 @@ class Reconciler:
                     if err.status == 404:
                         self.forget(key)
                         return Outcome(None)
+                    if refused_write(err):
+                        self._status_refused(body, exp, old, err)
                     raise
                 memory.last_written = _written(body, cached_generation)
                 before = before or old
@@ -216,6 +219,33 @@ class Reconciler:
         raise ApiError(409, f"the status of {key[0]}/{key[1]} kept changing; will retry")
 
     # -- steps -------------------------------------------------------------------------------
+    def _status_refused(
+        self, body: dict[str, Any], exp: Experiment, old: Status, err: ApiError
+    ) -> None:
+        """The API server refused the status write as it is (a bug of ours: every field is
+        bounded): say so where users look, a condition and an Event, and let the reconcile
+        fail on to its retries, acting on nothing the status does not record."""
+        message = f"the API server refused the experiment's status: {err}"
+        log.error("%s/%s: %s", exp.namespace, exp.name, message)
+        incomplete = cond.Condition(
+            api.COND_STATUS_INCOMPLETE, True, api.REASON_STATUS_REFUSED, message
+        )
+        conditions = cond.set_condition(
+            old.conditions, incomplete, exp.generation, format_time(self.clock())
+        )
+        try:
+            self.kube.patch_status(
+                exp.namespace,
+                exp.name,
+                {"conditions": [dict(c) for c in conditions]},
+                exp.resource_version,
+            )
+        except ApiError as again:
+            log.warning("%s/%s: condition %s not written: %s", *exp.key, incomplete.type, again)
+            return
+        if not cond.is_true(old.conditions, api.COND_STATUS_INCOMPLETE):
+            post_event(self.kube, body, "Warning", api.REASON_STATUS_REFUSED, message)
+
     def _read(self, key: Key) -> dict[str, Any] | None:
         try:
             return self.kube.get(api.KIND, *key)
@@ -471,6 +501,24 @@ class Reconciler:
 
     def _event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         post_event(self.kube, body, type_, reason, message)
+
+
+def _status_whole_again(
+    patch: dict[str, Any], status: Status, old: Status, generation: int, now: datetime
+) -> dict[str, Any]:
+    """`patch`, which the API server is to take whole: a StatusIncomplete left by an earlier
+    refusal (Reconciler._status_refused) is set False in it."""
+    if not cond.is_true(old.conditions, api.COND_STATUS_INCOMPLETE):
+        return patch
+    conditions = cond.clear(
+        status.conditions,
+        api.COND_STATUS_INCOMPLETE,
+        api.REASON_STATUS_WRITTEN,
+        "",
+        generation,
+        format_time(now),
+    )
+    return {**patch, "conditions": [dict(c) for c in conditions]}
 
 
 def post_event(kube: Kube, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:

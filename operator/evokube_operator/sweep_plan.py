@@ -16,12 +16,16 @@ write and the Events to post. sweep_reconcile.py carries the plan out.
   ttlSecondsAfterFinished deletes it; its last configuration stays in the summary).
 - The summary's figures (a child's fitness moves every few seconds) are written at most every
   STATUS_SECONDS; phases, counts and conditions at once.
+- The status is bounded by construction: an assignment value longer than STATUS_VALUE_CHARS
+  (as compact JSON) is cut, with a marker; the child's annotation keeps it whole. A status
+  write the API server refuses all the same becomes a condition and an Event (sweep_reconcile).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -35,6 +39,9 @@ from evokube_operator.policies.refusal import Refusal
 from evokube_operator.spec import format_time
 
 STATUS_SECONDS = 10.0
+# An assignment value's compact JSON in status.configurations: 256 children of 16 parameters
+# each stay near half a MiB, far below the 1.5 MiB etcd takes in one write.
+STATUS_VALUE_CHARS = 64
 # Status fields that only move figures of the summary: written at most every STATUS_SECONDS.
 FIGURES = frozenset({"configurations", "bestConfiguration"})
 FIELDS = ("phase", "observedGeneration", "children", "counts", "configurations")
@@ -133,13 +140,27 @@ def _finished_configurations(old: Mapping[str, Any]) -> dict[str, dict[str, Any]
 def _status(sweep, generation, names, owned, recorded) -> dict[str, Any]:
     """The summary of the children there, and the last one written of finished ones gone."""
     summary = contract.summarize([owned[n].body() for n in names if n in owned])
-    present = {c["name"]: c for c in summary["configurations"]}
+    present = {c["name"]: _bounded(c) for c in summary["configurations"]}
     configurations = [present.get(n) or recorded[n] for n in names if n in present or n in recorded]
     return {
         "observedGeneration": generation,
         "children": len(names),
         **contract.tally(configurations),
     }
+
+
+def _bounded(configuration: dict[str, Any]) -> dict[str, Any]:
+    """`configuration` with each assignment value longer than STATUS_VALUE_CHARS cut to a
+    string that ends in how long it was: "[1,2,3,...]…[8190 chars]"."""
+    if "assignment" not in configuration:
+        return configuration
+    assignment = {}
+    for path, value in configuration["assignment"].items():
+        text = json.dumps(value, separators=(",", ":"))
+        if len(text) > STATUS_VALUE_CHARS:
+            value = f"{text[: STATUS_VALUE_CHARS - 20]}…[{len(text)} chars]"
+        assignment[path] = value
+    return {**configuration, "assignment": assignment}
 
 
 def _blocker(foreign: set[str], refused: Refusal | None) -> cond.Condition | None:
@@ -160,6 +181,9 @@ def _conditions(obs, old, status, blocker, finished) -> tuple[cond.Conditions, t
     now, generation = format_time(obs.now), status["observedGeneration"]
     conditions: cond.Conditions = tuple(old.get("conditions") or ())
     conditions = cond.clear(conditions, api.COND_INVALID, api.REASON_UNBLOCKED, "", generation, now)
+    conditions = cond.clear(
+        conditions, api.COND_STATUS_INCOMPLETE, api.REASON_STATUS_WRITTEN, "", generation, now
+    )
     events: list[Event] = []
     if blocker is not None:
         if not cond.is_true(conditions, api.COND_BLOCKED):
@@ -188,6 +212,37 @@ def _conditions(obs, old, status, blocker, finished) -> tuple[cond.Conditions, t
             events.append(Event("Normal" if succeeded else "Warning", done.reason, told))
         conditions = cond.set_condition(conditions, done, generation, now)
     return conditions, tuple(events)
+
+
+def without_assignments(obs: SweepObservation, plan: SweepPlan, refusal: str) -> SweepPlan:
+    """The plan whose status write the API server refused (`refusal`: its answer): the same
+    status with the configurations' assignments left out (what finished stays recorded, so
+    no child is created twice), the condition StatusIncomplete naming the refusal, and an
+    Event the first time. The plan's next whole write clears the condition."""
+    old = obs.sweep.get("status") or {}
+    status = dict(plan.status)
+    status["configurations"] = [
+        {k: v for k, v in c.items() if k != "assignment"} for c in status["configurations"]
+    ]
+    message = (
+        f"the API server refused the sweep's status ({refusal}); it is written without the "
+        f"children's assignments (each child's annotation {contract.SWEEP_ASSIGNMENT_ANNOTATION} "
+        "has its own)"
+    )
+    incomplete = cond.Condition(
+        api.COND_STATUS_INCOMPLETE, True, api.REASON_STATUS_REFUSED, message
+    )
+    conditions = cond.set_condition(
+        tuple(status.get("conditions") or ()),
+        incomplete,
+        int(obs.sweep["metadata"].get("generation") or 0),
+        format_time(obs.now),
+    )
+    status["conditions"] = [dict(c) for c in conditions]
+    events = plan.events
+    if not cond.is_true(tuple(old.get("conditions") or ()), api.COND_STATUS_INCOMPLETE):
+        events = (*events, Event("Warning", api.REASON_STATUS_REFUSED, message))
+    return replace(plan, status=status, patch=_diff(old, status), events=events)
 
 
 def _invalid(obs: SweepObservation, old: dict[str, Any], reason: str, message: str) -> SweepPlan:

@@ -4,7 +4,8 @@
                       refusals found by creating: plan again (Invalid, Blocked)
             ─► create the plan's children (Event ChildCreated each)
             ─► write status (one merge patch, resourceVersion-guarded; a conflict: read the
-               sweep again, plan again) ─► post Events
+               sweep again, plan again; refused as too large or invalid: written without
+               the children's assignments, condition StatusIncomplete) ─► post Events
 
 The sweep and its children come from the operator's watch caches. Creating a child is safe on
 a stale read: names are deterministic, a child that exists is adopted (never a duplicate),
@@ -22,13 +23,18 @@ from typing import Any
 
 from evokube_contract import sweep as contract
 from evokube_operator import api
-from evokube_operator.kube import ApiError, Kube
+from evokube_operator.kube import ApiError, Kube, refused_write
 from evokube_operator.metrics import Metrics
 from evokube_operator.observe import SweepChildView, sweep_body
 from evokube_operator.ownership import NameConflict
 from evokube_operator.policies.refusal import Refusal
 from evokube_operator.reconcile import MAX_CONFLICTS, Key, Outcome, post_event
-from evokube_operator.sweep_plan import SweepObservation, SweepPlan, plan_sweep
+from evokube_operator.sweep_plan import (
+    SweepObservation,
+    SweepPlan,
+    plan_sweep,
+    without_assignments,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,24 +66,28 @@ class SweepReconciler:
             return Outcome(None)
         memory = self._memory.setdefault(key, _Memory())
         for _ in range(MAX_CONFLICTS):
-            plan = self._plan(body, children, memory)
+            obs, plan = self._plan(body, children, memory)
             if not plan.patch:
                 break
-            meta = body["metadata"]
             try:
-                self.kube.patch_status(
-                    meta["namespace"],
-                    meta["name"],
-                    plan.patch,
-                    meta.get("resourceVersion", ""),
-                    kind=contract.SWEEP_KIND,
-                )
+                self._write(body, plan)
             except ApiError as err:
                 if err.status == 404:
                     self.forget(key)
                     return Outcome(None)
-                if err.status != 409:
+                if err.status != 409 and not refused_write(err):
                     raise
+                if err.status != 409:  # the whole status does not fit: what does, and why
+                    log.warning("%s/%s: sweep status refused: %s", *key, err)
+                    plan = without_assignments(obs, plan, str(err))
+                    try:
+                        self._write(body, plan)
+                    except ApiError as again:
+                        if again.status != 409:
+                            raise
+                    else:
+                        memory.written_at = self.clock()
+                        break
                 log.debug("%s/%s: sweep status conflict, reading again", *key)
                 body = sweep_body(self.kube.get(contract.SWEEP_KIND, *key))
                 continue
@@ -90,8 +100,21 @@ class SweepReconciler:
         self.metrics.sweep(key, plan.status)
         return Outcome(plan.status.get("phase"), requeue_after=plan.requeue_after)
 
-    def _plan(self, body: dict[str, Any], children, memory: _Memory) -> SweepPlan:
-        """Plan, and carry out the dry run and the creations, until nothing stops them."""
+    def _write(self, body: dict[str, Any], plan: SweepPlan) -> None:
+        meta = body["metadata"]
+        self.kube.patch_status(
+            meta["namespace"],
+            meta["name"],
+            plan.patch,
+            meta.get("resourceVersion", ""),
+            kind=contract.SWEEP_KIND,
+        )
+
+    def _plan(
+        self, body: dict[str, Any], children, memory: _Memory
+    ) -> tuple[SweepObservation, SweepPlan]:
+        """Plan, and carry out the dry run and the creations, until nothing stops them; the
+        last observation and its plan."""
         meta = body["metadata"]
         generation = (meta["uid"], int(meta.get("generation") or 0))
         obs = SweepObservation(
@@ -110,9 +133,9 @@ class SweepReconciler:
                 continue
             stopped = self._create(obs, plan)
             if stopped is None:
-                return plan
+                return obs, plan
             obs = stopped
-        return plan
+        return obs, plan
 
     def _admit(self, obs: SweepObservation, manifests) -> SweepObservation:
         """Every child created in a dry run: admitted, or the first refusal or conflicts."""

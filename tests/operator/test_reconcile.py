@@ -1,6 +1,7 @@
 """The reconciler's order of API calls and its answers to conflicts, on a fake API."""
 
 import copy
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -31,6 +32,8 @@ class FakeKube:
         self.objects: dict[tuple[str, str], dict] = {}
         self.calls: list[tuple[str, str]] = []
         self.refuse: dict[str, tuple[int, str]] = {}  # kind -> (HTTP code, the API's message)
+        # A status write's ApiError, if the server would refuse it (too large, say).
+        self.refuse_status: Callable[[dict], ApiError | None] = lambda status: None
         self.deleted: list[tuple[str, str | None]] = []  # (name, uid precondition)
 
     def _bump(self):
@@ -86,6 +89,9 @@ class FakeKube:
         self.calls.append(("patch_status", kind))
         if resource_version != self.experiment["metadata"]["resourceVersion"]:
             raise ApiError(409, "the object has been modified", "Conflict")
+        refused = self.refuse_status(status)
+        if refused is not None:
+            raise refused
         merged = {**self.experiment["status"], **status}
         self.experiment["status"] = {k: v for k, v in merged.items() if v is not None}
         self._bump()
@@ -120,6 +126,25 @@ def test_a_new_experiment_gets_its_objects_then_status_then_its_job():
     assert kube.experiment["status"]["jobName"] == "demo-0"
     assert ("Job", "demo-0") in kube.objects
     assert ("ConfigMap", "demo-0-manifest") in kube.objects
+
+
+def test_a_status_the_api_server_refuses_is_a_condition_and_an_event_and_no_job():
+    kube = FakeKube(body())
+    refusal = ApiError(422, "status.message: Too long: may not be more than 4096 bytes")
+    kube.refuse_status = lambda status: None if status.keys() == {"conditions"} else refusal
+    with pytest.raises(ApiError):
+        reconciler(kube).reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
+    incomplete = find(kube.experiment["status"]["conditions"], api.COND_STATUS_INCOMPLETE)
+    assert (incomplete["status"], incomplete["reason"]) == ("True", api.REASON_STATUS_REFUSED)
+    assert "status.message: Too long" in incomplete["message"]
+    assert ("event", api.REASON_STATUS_REFUSED) in kube.calls
+    assert ("Job", "demo-0") not in kube.objects  # nothing done that status does not record
+    # Taken whole again: the condition goes False, and the Job is created.
+    kube.refuse_status = lambda status: None
+    reconciler(kube).reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
+    incomplete = find(kube.experiment["status"]["conditions"], api.COND_STATUS_INCOMPLETE)
+    assert (incomplete["status"], incomplete["reason"]) == ("False", api.REASON_STATUS_WRITTEN)
+    assert ("Job", "demo-0") in kube.objects
 
 
 def test_a_gang_that_simply_runs_costs_no_api_call():

@@ -10,7 +10,12 @@ from evokube_operator.conditions import find
 from evokube_operator.observe import SweepChildView, sweep_body
 from evokube_operator.ownership import NameConflict
 from evokube_operator.policies.refusal import Refusal
-from evokube_operator.sweep_plan import STATUS_SECONDS, SweepObservation, plan_sweep
+from evokube_operator.sweep_plan import (
+    STATUS_SECONDS,
+    STATUS_VALUE_CHARS,
+    SweepObservation,
+    plan_sweep,
+)
 from tests.operator.factories import NOW, spec
 
 SWEEP_UID = "sweep-uid"
@@ -217,3 +222,53 @@ def test_a_sweep_being_deleted_is_left_to_the_garbage_collector():
     deleting["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:05Z"
     plan = plan_sweep(observe(deleting, admitted=True))
     assert plan.create == () and plan.patch == {}
+
+
+def largest_sweep(owner=SWEEP_UID):
+    """256 children whose assignments are as large as the CRDs allow: 8 parameters of two
+    values each, every value 32 variables of 1,024 characters (the experiment CRD's caps)."""
+    parameters = [
+        {
+            "path": "spec.env",
+            "values": [
+                [{"name": f"V{i}", "value": letter * 1024} for i in range(32)] for letter in "ab"
+            ],
+        }
+    ]
+    parameters += [
+        {"path": path, "values": [{f"k{i}": letter * 1000 for i in range(8)} for letter in "cd"]}
+        for path in ("spec.nodeSelector", "spec.podLabels", "spec.podAnnotations")
+    ]
+    parameters += [
+        {"path": path, "values": [1, 2]}
+        for path in ("spec.seed", "spec.maxRestarts", "spec.metricsPort", "spec.coordinatorPort")
+    ]
+    sweep = a_sweep(max_parallel=256, parameters=parameters)
+    kids = []
+    for index, assignment in enumerate(contract.expand(sweep["spec"])):
+        body = {
+            "metadata": {
+                "name": contract.child_name("grid", index),
+                "labels": {contract.SWEEP_LABEL: "grid", contract.SWEEP_INDEX_LABEL: str(index)},
+                "annotations": {contract.SWEEP_ASSIGNMENT_ANNOTATION: json.dumps(assignment)},
+                "ownerReferences": [{"uid": owner, "controller": True}],
+            },
+            "status": {"phase": api.RUNNING},
+        }
+        kids.append(SweepChildView.from_body(body))
+    return sweep, kids
+
+
+def test_the_status_of_the_largest_sweep_is_bounded_by_construction():
+    sweep, kids = largest_sweep()
+    assert len(kids) == contract.MAX_CHILDREN
+    whole = sum(len(k.assignment) for k in kids)
+    plan = plan_sweep(observe(sweep, kids))
+    size = len(json.dumps(plan.status, separators=(",", ":")))
+    # Assignments of 15 MB in all; a status well under etcd's 1.5 MiB a write.
+    assert whole > 14e6 and size < 600_000, (whole, size)
+    first = plan.status["configurations"][0]["assignment"]
+    assert first["spec.seed"] == 1  # short values are kept as they are
+    cut = first["spec.env"]
+    assert isinstance(cut, str) and len(cut) <= STATUS_VALUE_CHARS, cut
+    assert cut.startswith('[{"name":"V0","value":"aaa') and cut.endswith(" chars]"), cut

@@ -2,6 +2,8 @@
 
 from evokube_contract import sweep as contract
 from evokube_operator import api
+from evokube_operator.conditions import find
+from evokube_operator.kube import ApiError
 from evokube_operator.metrics import Metrics
 from evokube_operator.observe import SweepChildView
 from evokube_operator.sweep_reconcile import SweepReconciler
@@ -53,3 +55,50 @@ def test_a_status_conflict_reads_the_sweep_again_and_writes():
     assert verbs[first:] == ["patch_status", "get", "create", "create", "patch_status"]
     assert len(kube.objects) == 2 and verbs.count("event") == 2
     assert kube.experiment["status"]["phase"] == api.RUNNING
+
+
+def test_a_status_too_large_to_write_is_written_without_assignments_with_a_condition():
+    kube, reconciler = setup()
+    reconciler.reconcile(KEY, kube.experiment, ())
+    for child in kube.objects.values():
+        child["status"] = {"phase": api.RUNNING}  # counts move: written at once
+    seen = tuple(SweepChildView.from_body(o) for o in kube.objects.values())
+    too_large = ApiError(
+        500,
+        "rpc error: code = ResourceExhausted desc = trying to send message larger than max "
+        "(2436558 vs. 2097152)",  # what the test control plane answers (test_sweeps.py)
+    )
+    kube.refuse_status = lambda status: (
+        too_large if any("assignment" in c for c in status.get("configurations") or ()) else None
+    )
+    kube.calls.clear()
+    outcome = reconciler.reconcile(KEY, kube.experiment, seen)
+    assert outcome.phase == api.RUNNING
+    status = kube.experiment["status"]
+    # What finished stays recorded (by name and phase), so nothing is created twice.
+    assert [c["name"] for c in status["configurations"]] == ["grid-0", "grid-1"]
+    assert not any("assignment" in c for c in status["configurations"])
+    incomplete = find(status["conditions"], api.COND_STATUS_INCOMPLETE)
+    assert (incomplete["status"], incomplete["reason"]) == ("True", api.REASON_STATUS_REFUSED)
+    assert "larger than max (2436558 vs. 2097152)" in incomplete["message"]
+    assert ("event", api.REASON_STATUS_REFUSED) in kube.calls
+    # Refused again: no second Event. Accepted again: the whole status, the condition False.
+    kube.calls.clear()
+    reconciler.reconcile(KEY, kube.experiment, seen)
+    assert ("event", api.REASON_STATUS_REFUSED) not in kube.calls
+    kube.refuse_status = lambda status: None
+    reconciler.reconcile(KEY, kube.experiment, seen)
+    status = kube.experiment["status"]
+    assert all("assignment" in c for c in status["configurations"])
+    assert find(status["conditions"], api.COND_STATUS_INCOMPLETE)["status"] == "False"
+
+
+def test_a_status_write_refused_for_another_cause_is_raised_for_a_retry():
+    kube, reconciler = setup()
+    kube.refuse_status = lambda status: ApiError(503, "the server is shutting down")
+    try:
+        reconciler.reconcile(KEY, kube.experiment, ())
+    except ApiError as err:
+        assert err.status == 503
+    else:
+        raise AssertionError("a passing failure is retried, not written around")

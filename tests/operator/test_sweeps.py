@@ -5,11 +5,16 @@ patched into status.progress.seeds (as process 0 would write it) and its pod end
 code 0 (`evokube.test/exit-code`), so the child Succeeds.
 """
 
+import json
+
 import pytest
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from evokube_contract import sweep as contract
-from evokube_operator.kube import Kube
+from evokube_operator import sweep_plan
+from evokube_operator.kube import ApiError, Kube, refused_write
+from evokube_operator.sweep_plan import SweepObservation, plan_sweep
 from tests.operator.conftest import (
     GROUP,
     PLURAL,
@@ -18,6 +23,8 @@ from tests.operator.conftest import (
     experiment_manifest,
     sweep_manifest,
 )
+from tests.operator.factories import NOW
+from tests.operator.test_sweep_plan import largest_sweep
 
 pytestmark = pytest.mark.cluster
 
@@ -221,3 +228,38 @@ def test_without_the_sweep_crd_the_operator_warns_once_and_runs_experiments(k8s,
         k8s.wait(lambda: Kube(k8s.api_client).serves(contract.SWEEP_KIND), "ERLSweeps", 60)
         k8s.operator.stop()  # the later tests' operator watches sweeps again
         k8s.operator.start()
+
+
+def test_the_api_server_takes_the_largest_sweeps_status_and_refuses_it_uncut(
+    cluster, crd, api, namespace, monkeypatch
+):
+    """The status of 256 children with the largest assignments the CRDs allow is written;
+    uncut, the API server (its 3 MiB a request) and etcd (1.5 MiB a write) refuse it, and
+    the operator recognizes both refusals as ones that retrying does not cure."""
+    parameters = largest_sweep()[0]["spec"]["parameters"]
+    manifest = sweep_manifest("grid", namespace, parameters, 1)
+    custom = client.CustomObjectsApi(api)
+    created = custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, contract.SWEEP_PLURAL, manifest
+    )
+    _, kids = largest_sweep(owner=created["metadata"]["uid"])
+    kube = Kube(cluster.api_client())
+
+    def write(children):
+        plan = plan_sweep(SweepObservation(created, tuple(children), NOW))
+        version = kube.get(contract.SWEEP_KIND, namespace, "grid")["metadata"]
+        kube.patch_status(
+            namespace, "grid", plan.status, version["resourceVersion"], kind=contract.SWEEP_KIND
+        )
+        return len(json.dumps(plan.status))
+
+    assert write(kids) < 600_000
+    written = custom.get_namespaced_custom_object(
+        GROUP, VERSION, namespace, contract.SWEEP_PLURAL, "grid"
+    )["status"]
+    assert len(written["configurations"]) == contract.MAX_CHILDREN
+    monkeypatch.setattr(sweep_plan, "STATUS_VALUE_CHARS", 1 << 30)  # nothing cut
+    for children in (kids, kids[:40]):  # 15 MB: past the request limit; 2.3 MB: etcd's
+        with pytest.raises(ApiError) as refused:
+            write(children)
+        assert refused_write(refused.value), refused.value
