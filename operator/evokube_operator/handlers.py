@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,33 +54,53 @@ STOP_SECONDS = 10.0  # for the reconciles in flight at shutdown, before the Leas
 log = logging.getLogger(__name__)
 
 
-def watches_jobsets(kube: Kube) -> bool:
-    """Whether the cluster serves JobSets now, as Kopf starts its watches: one installed later
-    is not reliably picked up by Kopf's rescan, so the operator must restart to watch it."""
-    served = kube.serves(jobset.KIND)
-    if not served:
+# Kinds the operator watches only if the cluster serves them when it starts. Kopf takes up a
+# CRD installed later only if the API server's discovery already lists it at the CRD's last
+# event, which it often does not; so a change in what is served restarts the process.
+OPTIONAL_KINDS = (jobset.KIND, sweep.SWEEP_KIND)
+SERVED_CHECK_SECONDS = 20.0
+
+
+def served_kinds(kube: Kube) -> dict[str, bool]:
+    """Whether the cluster serves each of OPTIONAL_KINDS now, as Kopf starts its watches;
+    said once for each that it does not."""
+    served = {kind: kube.serves(kind) for kind in OPTIONAL_KINDS}
+    if not served[jobset.KIND]:
         log.warning(
             "%s/%s is not served: multislice experiments stay Blocked until JobSet is "
-            "installed and this operator restarted",
+            "installed (this operator restarts itself to watch it)",
             jobset.GROUP,
             jobset.VERSION,
         )
-    return served
-
-
-def watches_sweeps(kube: Kube) -> bool:
-    """Whether the cluster serves ERLSweeps: said once at start when it does not (Kopf then
-    only warns that it cannot watch them; experiments are not affected)."""
-    served = kube.serves(sweep.SWEEP_KIND)
-    if not served:
+    if not served[sweep.SWEEP_KIND]:
         log.warning(
             "%s/%s %s is not served: sweeps are not reconciled until its CRD is installed "
-            "and this operator restarted",
+            "(this operator restarts itself to watch it)",
             api.GROUP,
             api.VERSION,
             sweep.SWEEP_PLURAL,
         )
     return served
+
+
+async def restart_when_served_changes(kube: Kube, served: Mapping[str, bool]) -> None:
+    """Every SERVED_CHECK_SECONDS, ask discovery again; once a kind of OPTIONAL_KINDS has
+    come or gone since the start, stop this process as a SIGTERM does (the Lease released):
+    its Deployment starts it again, watching what is served now. Experiments Blocked with
+    JobSetNotServed go on within a minute of JobSet's install, without anyone acting."""
+    while True:
+        await asyncio.sleep(SERVED_CHECK_SECONDS)
+        for kind, was in served.items():
+            try:
+                now = await asyncio.to_thread(kube.serves, kind)
+            except Exception as err:  # the API server away: asked again next time
+                log.debug("discovery of %s failed: %s", kind, err)
+                continue
+            if now != was:
+                change = "now served" if now else "no longer served"
+                log.warning("%s is %s: restarting to watch what is served", kind, change)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
 
 
 @kopf.on.startup()
@@ -120,6 +141,10 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
             count=metrics.api_request,
             may_write=lambda: elector.leading,
         )
+    served = served_kinds(kube)
+    memo.served_check = asyncio.create_task(
+        restart_when_served_changes(kube, served), name="evokube-served-kinds"
+    )
     controller = Controller(
         Reconciler(
             kube,
@@ -127,7 +152,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
             timeouts=options.start_timeouts,
             default_checkpoints=options.default_checkpoint_location,
             trainer_token=options.trainer_token,
-            watches_jobsets=watches_jobsets(kube),
+            watches_jobsets=served[jobset.KIND],
         ),
         Indices(
             kwargs["experiment_index"],
@@ -139,7 +164,6 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
         workers=options.workers,
         resync_seconds=options.resync_seconds,
     )
-    watches_sweeps(kube)
     sweeps = Controller(
         SweepReconciler(kube, metrics),
         SweepIndices(kwargs["sweep_index"], kwargs["sweep_child_index"]),
@@ -205,8 +229,9 @@ async def _api_reachable(kube: Kube) -> bool:
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     """Stop campaigning, let the reconciles in flight end, then hand the Lease over."""
-    if getattr(memo, "campaign", None) is not None:
-        memo.campaign.cancel()
+    for task in ("campaign", "served_check"):
+        if getattr(memo, task, None) is not None:
+            getattr(memo, task).cancel()
     if getattr(memo, "server", None) is not None:
         await memo.server.stop()
     stopped = True

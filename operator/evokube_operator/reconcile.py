@@ -113,7 +113,9 @@ class Reconciler:
     timeouts: startup.Timeouts = startup.DEFAULT_TIMEOUTS  # of pods that cannot start
     default_checkpoints: str | None = None  # bucket URL; experiments get <it>/<ns>/<name>
     trainer_token: str = api.TOKEN_HOST_0  # which trainer pods hold an API token
-    watches_jobsets: bool = True  # the cluster served JobSets when the watches started
+    # The cluster served JobSets when the watches started (the process restarts if that
+    # changes: handlers.restart_when_served_changes).
+    watches_jobsets: bool = True
     _memory: dict[Key, _Memory] = field(default_factory=dict)
 
     def forget(self, key: Key) -> None:
@@ -389,9 +391,8 @@ class Reconciler:
         )
         if served:
             message = gang + (
-                "which this cluster began to serve after the operator started: restart the "
-                "operator (kubectl rollout restart deployment of the chart) so that it watches "
-                "JobSets"
+                "which this cluster began to serve after the operator started: the operator "
+                "restarts itself to watch JobSets (within a minute)"
             )
         else:
             message = gang + "which this cluster does not serve; install JobSet "

@@ -13,6 +13,7 @@ from kubernetes.client.exceptions import ApiException
 
 from evokube_contract import sweep as contract
 from evokube_operator import sweep_plan
+from evokube_operator.handlers import SERVED_CHECK_SECONDS
 from evokube_operator.kube import ApiError, Kube, refused_write
 from evokube_operator.sweep_plan import SweepObservation, plan_sweep
 from tests.operator.conftest import (
@@ -223,6 +224,19 @@ def test_without_the_sweep_crd_the_operator_warns_once_and_runs_experiments(k8s,
         log = k8s.operator.log_path.read_text()
         assert log.count(f"{contract.SWEEP_PLURAL} is not served") == 1, log
         assert k8s.operator.alive()
+        # The CRD installed now: the operator stops itself to watch sweeps (its Deployment
+        # starts it again), and the new one reconciles them.
+        k8s.cluster.kubectl("apply", "--server-side", "-f", sweeps)
+        k8s.wait(
+            lambda: not k8s.operator.alive(),
+            "the operator to stop itself",
+            timeout=SERVED_CHECK_SECONDS + 30,
+        )
+        assert k8s.operator.proc.returncode == 0
+        assert "ERLSweep is now served: restarting" in k8s.operator.log_path.read_text()
+        k8s.operator.start()
+        k8s.apply(grid_sweep(namespace, max_parallel=1))
+        k8s.wait(lambda: sweep_status(k8s, namespace).get("phase") == "Running", "a sweep")
     finally:
         k8s.cluster.kubectl("apply", "--server-side", "-f", sweeps)
         k8s.wait(lambda: Kube(k8s.api_client).serves(contract.SWEEP_KIND), "ERLSweeps", 60)
