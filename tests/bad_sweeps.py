@@ -107,4 +107,24 @@ BAD_SWEEPS = [
     BadManifest("maxParallel 0", {"spec.maxParallel": 0}, "spec.maxParallel"),
     BadManifest("queue not a name", {"spec.queueName": "Team_A"}, "spec.queueName"),
     BadManifest("unknown field", {"spec.parallelism": 2}, "spec.parallelism"),
+    # The template is an experiment spec by the ERLExperiment CRD's schema (issue 37): no
+    # unknown field, no type an experiment refuses, nothing larger than an experiment admits.
+    BadManifest(
+        "template field unknown", {"spec.template.spec.extra": "x"}, "spec.template.spec.extra"
+    ),
+    BadManifest(
+        "template algorithm a string",
+        {"spec.template.spec.algorithm": "openes"},
+        "spec.template.spec.algorithm",
+    ),
+    BadManifest(
+        "template env value too long",
+        {"spec.template.spec.env": [{"name": "A", "value": "x" * 1025}]},
+        "spec.template.spec.env[0].value",
+    ),
+    BadManifest(
+        "template population size 0",
+        {"spec.template.spec.population": {"size": 0}},
+        "spec.template.spec.population.size",
+    ),
 ]

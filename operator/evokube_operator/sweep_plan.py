@@ -11,7 +11,9 @@ write and the Events to post. sweep_reconcile.py carries the plan out.
   none yet included) at a time; the next ones are created in index order.
 - Before the first child, every child is admitted in a dry run (the plan's `admit`): one the
   API server refuses makes the sweep Invalid, naming the child and the server's message,
-  and no child is created half of a sweep. An expansion error is Invalid too.
+  and no child is created half of a sweep. An expansion error is Invalid too. The plan holds
+  the children's assignments, not their manifests (`Children`): each manifest, a copy of the
+  template, is built as the reconciler sends it, so a reconcile holds one at a time.
 - A child the sweep's status records as finished is never created again (a child's
   ttlSecondsAfterFinished deletes it; its last configuration stays in the summary).
 - The summary's figures (a child's fitness moves every few seconds) are written at most every
@@ -24,7 +26,7 @@ write and the Events to post. sweep_reconcile.py carries the plan out.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -60,11 +62,32 @@ class SweepObservation:
 
 
 @dataclass(frozen=True)
+class Children:
+    """Some children of a sweep, in index order, each manifest built (a copy of the template)
+    only as it is iterated to: the reconciler holds one at a time, whatever their number."""
+
+    sweep: Mapping[str, Any]
+    assignments: tuple[tuple[int, Mapping[str, Any]], ...] = ()  # (index, assignment)
+
+    def __len__(self) -> int:
+        return len(self.assignments)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for index, assignment in self.assignments:
+            manifest = contract.child_manifest(self.sweep, index, assignment)
+            manifest["metadata"]["ownerReferences"] = [owner_reference(self.sweep)]
+            yield manifest
+
+
+NO_CHILDREN = Children({})
+
+
+@dataclass(frozen=True)
 class SweepPlan:
     status: dict[str, Any]  # the operator's whole status of the sweep
     patch: dict[str, Any]  # the merge patch to write now ({}: nothing)
-    create: tuple[dict[str, Any], ...] = ()  # children to create, in index order
-    admit: tuple[dict[str, Any], ...] = ()  # dry-run every child first, then plan again
+    create: Children = NO_CHILDREN  # children to create, in index order
+    admit: Children = NO_CHILDREN  # dry-run every child first, then plan again
     events: tuple[Event, ...] = ()
     requeue_after: float | None = None
 
@@ -82,16 +105,6 @@ def owner_reference(sweep: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def children(sweep: Mapping[str, Any], assignments: list[dict[str, Any]]) -> list[dict]:
-    """Every child's manifest, owned by the sweep."""
-    manifests = []
-    for index, assignment in enumerate(assignments):
-        manifest = contract.child_manifest(sweep, index, assignment)
-        manifest["metadata"]["ownerReferences"] = [owner_reference(sweep)]
-        manifests.append(manifest)
-    return manifests
-
-
 def plan_sweep(obs: SweepObservation) -> SweepPlan:
     sweep, old = obs.sweep, dict(obs.sweep.get("status") or {})
     meta = sweep["metadata"]
@@ -101,24 +114,25 @@ def plan_sweep(obs: SweepObservation) -> SweepPlan:
     if old.get("phase") == api.INVALID and old.get("observedGeneration") == generation:
         return SweepPlan(old, {})  # until the spec changes
     try:
-        manifests = children(sweep, contract.expand(sweep["spec"]))
+        assignments = tuple(enumerate(contract.expand(sweep["spec"])))
     except contract.SweepError as err:
         return _invalid(obs, old, api.REASON_INVALID_SPEC, str(err))
     refused = obs.refused
     if refused is not None and refused.final:
         return _invalid(obs, old, refused.reason, refused.message)
-    names = [m["metadata"]["name"] for m in manifests]
+    names = [contract.child_name(meta["name"], index) for index, _ in assignments]
     owned = {c.name: c for c in obs.children if c.owner_uid == meta["uid"]}
     foreign = {c.name for c in obs.children if c.owner_uid != meta["uid"] and c.name in names}
     foreign |= {c.name for c in obs.conflicts}
     recorded = _finished_configurations(old)
     unfinished = sum(1 for c in owned.values() if c.phase not in api.FINISHED_PHASES)
-    missing = [m for m in manifests if m["metadata"]["name"] not in owned.keys() | recorded]
+    taken = owned.keys() | recorded
+    missing = [a for a, name in zip(assignments, names, strict=True) if name not in taken]
     slots = max(0, int(sweep["spec"].get("maxParallel", 1)) - unfinished)
     blocker = _blocker(foreign, refused)
-    create = () if blocker else tuple(missing[:slots])
+    create = Children(sweep, () if blocker else tuple(missing[:slots]))
     if create and not owned and not obs.admitted:
-        return SweepPlan(old, {}, admit=tuple(manifests))
+        return SweepPlan(old, {}, admit=Children(sweep, assignments))
     status = _status(sweep, generation, names, owned, recorded)
     finished = not missing and unfinished == 0
     conditions, events = _conditions(obs, old, status, blocker, finished)

@@ -1,6 +1,7 @@
 """An ERLSweep's plan: observation in, plan out, no cluster and no clock."""
 
 import json
+import tracemalloc
 from dataclasses import replace
 from datetime import timedelta
 
@@ -69,7 +70,7 @@ def names(manifests):
 
 def test_the_first_children_wait_for_a_dry_run_of_every_child():
     plan = plan_sweep(observe())
-    assert names(plan.admit) == [f"grid-{i}" for i in range(6)] and plan.create == ()
+    assert names(plan.admit) == [f"grid-{i}" for i in range(6)] and not plan.create
     assert plan.patch == {}
     for manifest in plan.admit:
         (owner,) = manifest["metadata"]["ownerReferences"]
@@ -105,7 +106,7 @@ def test_children_that_exist_are_adopted_and_none_is_created_twice():
     """After an operator restart the watch shows grid-0 and grid-1 running: nothing new."""
     running = [child(0, api.RUNNING), child(1, api.PENDING)]
     plan = plan_sweep(observe(children=running))
-    assert plan.create == () and plan.admit == ()  # no dry run once a child exists
+    assert not plan.create and not plan.admit  # no dry run once a child exists
     assert plan.status["counts"] == {api.RUNNING: 1, api.PENDING: 1}
     plan = plan_sweep(observe(children=[child(0, api.SUCCEEDED), child(1, api.PENDING)]))
     assert names(plan.create) == ["grid-2"]
@@ -113,14 +114,14 @@ def test_children_that_exist_are_adopted_and_none_is_created_twice():
 
 def test_a_namesake_not_owned_blocks_with_a_condition_naming_it():
     plan = plan_sweep(observe(children=[child(0, owner="someone-else")], admitted=True))
-    assert plan.create == ()
+    assert not plan.create
     blocked = find(plan.status["conditions"], api.COND_BLOCKED)
     assert blocked["status"] == "True" and blocked["reason"] == api.REASON_NAME_CONFLICT
     assert "ERLExperiment/grid-0" in blocked["message"]
     assert [e.reason for e in plan.events] == [api.REASON_NAME_CONFLICT]
     # One found by creating (no label, so not in the watch) blocks the same way.
     plan = plan_sweep(observe(admitted=True, conflicts=(NameConflict(api.KIND, "grid-1"),)))
-    assert plan.create == () and plan.requeue_after is not None
+    assert not plan.create and plan.requeue_after is not None
     assert "ERLExperiment/grid-1" in find(plan.status["conditions"], api.COND_BLOCKED)["message"]
 
 
@@ -128,7 +129,7 @@ def test_a_refused_child_makes_the_sweep_invalid_naming_it_and_nothing_is_create
     message = 'ERLExperiment.evokube.io "grid-3" is invalid: spec.population.size: Invalid value'
     refused = Refusal(api.KIND, "grid-3", 422, message)
     plan = plan_sweep(observe(refused=refused))
-    assert plan.create == () and plan.admit == ()
+    assert not plan.create and not plan.admit
     assert plan.patch["phase"] == api.INVALID
     invalid = find(plan.patch["conditions"], api.COND_INVALID)
     assert invalid["reason"] == api.REASON_CREATION_REFUSED
@@ -191,7 +192,7 @@ def test_a_finished_child_deleted_later_is_not_created_again_and_stays_in_the_su
     first = plan_sweep(observe(a_sweep(max_parallel=1), children=kids))
     gone = a_sweep(max_parallel=1, status=first.status)  # grid-0 deleted by its TTL
     plan = plan_sweep(observe(gone, children=[child(1, api.RUNNING)]))
-    assert plan.create == ()
+    assert not plan.create
     assert plan.status["configurations"][0]["name"] == "grid-0"
     assert plan.status["bestConfiguration"]["name"] == "grid-0"
 
@@ -221,7 +222,7 @@ def test_a_sweep_being_deleted_is_left_to_the_garbage_collector():
     deleting = a_sweep()
     deleting["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:05Z"
     plan = plan_sweep(observe(deleting, admitted=True))
-    assert plan.create == () and plan.patch == {}
+    assert not plan.create and plan.patch == {}
 
 
 def largest_sweep(owner=SWEEP_UID):
@@ -272,3 +273,34 @@ def test_the_status_of_the_largest_sweep_is_bounded_by_construction():
     cut = first["spec.env"]
     assert isinstance(cut, str) and len(cut) <= STATUS_VALUE_CHARS, cut
     assert cut.startswith('[{"name":"V0","value":"aaa') and cut.endswith(" chars]"), cut
+
+
+def test_planning_and_admitting_a_sweep_holds_one_child_manifest_at_a_time():
+    """256 children of a template of 1,000 tolerations: the plan holds assignments, and each
+    manifest (a copy of the template) is built as the reconciler sends it."""
+    tolerations = [{"key": f"k{i}", "operator": "Exists"} for i in range(1000)]
+    sweep = a_sweep(
+        template={"spec": {**spec(), "tolerations": tolerations}},
+        parameters=[
+            {"path": "spec.seed", "values": list(range(16))},
+            {"path": "spec.population.size", "values": [2 * i + 2 for i in range(16)]},
+        ],
+    )
+
+    def peak(work) -> int:
+        tracemalloc.start()
+        try:
+            work()
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    one = peak(lambda: contract.child_manifest(sweep, 0, {}))
+
+    def plan_and_admit():
+        plan = plan_sweep(observe(sweep))
+        assert len(plan.admit) == contract.MAX_CHILDREN
+        for manifest in plan.admit:  # as the reconciler's dry run sends them, one by one
+            assert len(manifest["spec"]["tolerations"]) == 1000
+
+    assert peak(plan_and_admit) < 4 * one, (one, contract.MAX_CHILDREN)

@@ -15,7 +15,9 @@ optimizers (`workflows.KINDS`, `workflows.OPTIMIZERS`). Written from them:
   mean something to; everything else is refused naming the field);
 - the region `experiment paths` of the ERLSweep CRD (both copies; spec.parameters[*].path's
   enum) and of `evokube_contract/sweep.py` (EXPERIMENT_PATHS): the ERLExperiment spec's fields,
-  from the CRD just written, that a sweep's parameters may set.
+  from the CRD just written, that a sweep's parameters may set;
+- the region `experiment spec` of the ERLSweep CRD (both copies): the template's spec schema,
+  the ERLExperiment CRD's own, less the `required` of fields a parameter may set.
 
 tests/trainer/test_catalog.py and tests/runtime/test_algorithms.py fail, naming this command,
 when a committed file differs. From a source checkout, with `PYTHONPATH=operator:trainer`::
@@ -371,9 +373,45 @@ def sweep_paths(crd_text: str) -> list[str]:
     return experiment_paths(version["schema"]["openAPIV3Schema"]["properties"]["spec"])
 
 
-def render_sweep_crd(text: str, paths: list[str]) -> str:
-    """`text` (the ERLSweep CRD) with spec.parameters[*].path's enum set to `paths`."""
-    return _rewrite(text, "experiment paths", lambda i: _enum(paths, PATH_DESCRIPTION, i))
+TEMPLATE_DESCRIPTION = (
+    "An ERLExperiment spec, checked as the ERLExperiment CRD checks one (generated from it by "
+    f"{COMMAND}), except that a field a parameter may set is never required here. Each child "
+    "is checked against that CRD again once its parameters are set."
+)
+
+
+def template_schema(crd_text: str) -> dict:
+    """The ERLExperiment CRD's spec schema for a sweep's template: the same bounds and rules,
+    no field required that a parameter may set (spec.population.size, say, may come from a
+    parameter alone)."""
+    (version,) = [v for v in yaml.safe_load(crd_text)["spec"]["versions"] if v.get("storage")]
+    schema = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    settable = set(experiment_paths(schema))
+
+    def relax(node: dict, path: str) -> None:
+        if "required" in node:
+            kept = [name for name in node["required"] if f"{path}.{name}" not in settable]
+            if kept:
+                node["required"] = kept
+            else:
+                del node["required"]
+        for name, sub in node.get("properties", {}).items():
+            relax(sub, f"{path}.{name}")
+
+    relax(schema, "spec")
+    return {**schema, "description": TEMPLATE_DESCRIPTION}
+
+
+def render_sweep_crd(text: str, paths: list[str], template: dict) -> str:
+    """`text` (the ERLSweep CRD) with spec.parameters[*].path's enum set to `paths` and the
+    template's spec schema to `template`."""
+    text = _rewrite(text, "experiment paths", lambda i: _enum(paths, PATH_DESCRIPTION, i))
+
+    def lines(indent: str) -> list[str]:
+        dumped = yaml.safe_dump(template, sort_keys=False, width=WIDTH, allow_unicode=True)
+        return [f"{indent}{line}" for line in dumped.splitlines()]
+
+    return _rewrite(text, "experiment spec", lines)
 
 
 def render_sweep_contract(text: str, paths: list[str]) -> str:
@@ -402,10 +440,11 @@ def outputs(catalog: Catalog, algorithms: Mapping[str, Algorithm] = ALGORITHMS) 
         if not path.exists():
             raise FileNotFoundError(f"{path} not found: run this from a source checkout")
         texts[path] = render_crd(path.read_text(), catalog, algorithms)
-    paths = sweep_paths(texts[repo_root() / CRD_FILES[0]])
+    experiment_crd = texts[repo_root() / CRD_FILES[0]]
+    paths, template = sweep_paths(experiment_crd), template_schema(experiment_crd)
     for relative in SWEEP_CRD_FILES:
         path = repo_root() / relative
-        texts[path] = render_sweep_crd(path.read_text(), paths)
+        texts[path] = render_sweep_crd(path.read_text(), paths, template)
     contract = repo_root() / SWEEP_CONTRACT
     texts[contract] = render_sweep_contract(contract.read_text(), paths)
     return texts
