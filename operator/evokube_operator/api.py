@@ -126,6 +126,9 @@ COND_INVALID: Final = "Invalid"
 # True while the API server refuses the whole status (a sweep's summary too large, say): what
 # could be written (phase, counts, conditions) is, the rest is left out.
 COND_STATUS_INCOMPLETE: Final = "StatusIncomplete"
+# True while reconciles fail with an error no API answer explains (a bug, or an input the
+# operator did not foresee): it names the error; the operator retries with backoff.
+COND_RECONCILE_FAILING: Final = "ReconcileFailing"
 
 # -- status.conditions: reasons (also the reasons of the Events) --------------------------
 REASON_WAITING_FOR_HOSTS: Final = "WaitingForHosts"
@@ -167,6 +170,8 @@ REASON_LOCATION_NOT_ALLOWED: Final = "LocationNotAllowed"
 REASON_UNBLOCKED: Final = "Unblocked"  # Blocked False: the cause is gone
 REASON_STATUS_REFUSED: Final = "StatusRefused"  # StatusIncomplete True, and its Event
 REASON_STATUS_WRITTEN: Final = "StatusWritten"  # StatusIncomplete False: written whole again
+REASON_RECONCILE_ERROR: Final = "ReconcileError"  # ReconcileFailing True, and its Event
+REASON_RECONCILED: Final = "Reconciled"  # ReconcileFailing False: a reconcile went through
 REASON_EMPTYDIR_CHECKPOINTS: Final = "EmptyDirCheckpoints"  # CheckpointsEphemeral True
 REASON_DURABLE_CHECKPOINTS: Final = "DurableCheckpoints"  # CheckpointsEphemeral False
 # Restarting: someone else deleted the current Job; the next attempt starts (a preemption).

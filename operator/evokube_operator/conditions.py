@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
+from evokube_operator import api
 from evokube_operator.util import clip
 
 Conditions = tuple[Mapping[str, Any], ...]
@@ -72,3 +73,28 @@ def clear(conditions: Conditions, kind: str, reason: str, message: str, generati
     if find(conditions, kind) is None:
         return conditions
     return set_condition(conditions, Condition(kind, False, reason, message), generation, now)
+
+
+# Conditions a reconcile writes beside its plan, when it cannot carry the plan out: True until
+# the next reconcile that writes its whole status.
+BESIDE_PLAN: Final = (api.COND_STATUS_INCOMPLETE, api.COND_RECONCILE_FAILING)
+_WRITTEN_AGAIN: Final = {
+    api.COND_STATUS_INCOMPLETE: api.REASON_STATUS_WRITTEN,
+    api.COND_RECONCILE_FAILING: api.REASON_RECONCILED,
+}
+
+
+def failing(err: Exception) -> Condition:
+    """The ReconcileFailing condition of `err`, which no API error explains."""
+    text = f"{type(err).__name__}: {err}"
+    message = (
+        f"the operator cannot reconcile this object ({text[:512]}); it retries with backoff, "
+        "and its log has the traceback"
+    )
+    return Condition(api.COND_RECONCILE_FAILING, True, api.REASON_RECONCILE_ERROR, message)
+
+
+def clear_beside_plan(conditions: Conditions, generation: int, now: str) -> Conditions:
+    for kind, reason in _WRITTEN_AGAIN.items():
+        conditions = clear(conditions, kind, reason, "", generation, now)
+    return conditions

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from evokube_operator.kube import ApiError
 from evokube_operator.metrics import Metrics
 from evokube_operator.reconcile import Key, Outcome, Reconciler
 from evokube_operator.sweep_reconcile import SweepReconciler
@@ -213,6 +214,12 @@ class Controller:
                     self._again.discard(key)
                     self.request(key)
 
+    def _report_failure(self, key: Key, body: dict | None, err: Exception) -> None:
+        try:
+            self.reconciler.report_failure(key, body, err)
+        except Exception:  # never let the report stop the retries
+            log.warning("%s/%s: the failure could not be reported", *key, exc_info=True)
+
     async def _process(self, key: Key) -> None:
         snapshot = self.indices.snapshot(key)
         started = time.perf_counter()
@@ -224,7 +231,13 @@ class Controller:
             delay = self.backoff.next(key)
             self.metrics.reconciled(key, None, time.perf_counter() - started, error=True)
             log.warning("%s/%s: reconcile failed (%s); retrying in %.1fs", *key, err, delay)
-            log.debug("reconcile failure", exc_info=True)
+            if isinstance(err, ApiError):  # the API server's answer: passing, or named there
+                log.debug("reconcile failure", exc_info=True)
+            else:  # no answer explains it: shown on the object, not in the log alone
+                log.error("%s/%s: reconcile failed", *key, exc_info=True)
+                await asyncio.get_running_loop().run_in_executor(
+                    self._threads, self._report_failure, key, snapshot[0], err
+                )
             self.request(key, delay)
             return
         self.backoff.reset(key)

@@ -186,7 +186,7 @@ class Reconciler:
                 stop = self._prepare(exp, plan, patch, old, memory)
                 if stop is not None:
                     continue  # decide again: Blocked, or Failed
-            if patch or cond.is_true(old.conditions, api.COND_STATUS_INCOMPLETE):
+            if patch or any(cond.is_true(old.conditions, c) for c in cond.BESIDE_PLAN):
                 patch = _status_whole_again(patch, plan.status, old, exp.generation, self.clock())
                 try:
                     body = self.kube.patch_status(
@@ -203,7 +203,7 @@ class Reconciler:
                         self.forget(key)
                         return Outcome(None)
                     if refused_write(err):
-                        self._status_refused(body, exp, old, err)
+                        self._status_refused(body, err)
                     raise
                 memory.last_written = _written(body, cached_generation)
                 before = before or old
@@ -221,32 +221,20 @@ class Reconciler:
         raise ApiError(409, f"the status of {key[0]}/{key[1]} kept changing; will retry")
 
     # -- steps -------------------------------------------------------------------------------
-    def _status_refused(
-        self, body: dict[str, Any], exp: Experiment, old: Status, err: ApiError
-    ) -> None:
+    def _status_refused(self, body: dict[str, Any], err: ApiError) -> None:
         """The API server refused the status write as it is (a bug of ours: every field is
         bounded): say so where users look, a condition and an Event, and let the reconcile
         fail on to its retries, acting on nothing the status does not record."""
         message = f"the API server refused the experiment's status: {err}"
-        log.error("%s/%s: %s", exp.namespace, exp.name, message)
         incomplete = cond.Condition(
             api.COND_STATUS_INCOMPLETE, True, api.REASON_STATUS_REFUSED, message
         )
-        conditions = cond.set_condition(
-            old.conditions, incomplete, exp.generation, format_time(self.clock())
-        )
-        try:
-            self.kube.patch_status(
-                exp.namespace,
-                exp.name,
-                {"conditions": [dict(c) for c in conditions]},
-                exp.resource_version,
-            )
-        except ApiError as again:
-            log.warning("%s/%s: condition %s not written: %s", *exp.key, incomplete.type, again)
-            return
-        if not cond.is_true(old.conditions, api.COND_STATUS_INCOMPLETE):
-            post_event(self.kube, body, "Warning", api.REASON_STATUS_REFUSED, message)
+        mark_beside_plan(self.kube, body, api.KIND, incomplete, self.clock())
+
+    def report_failure(self, key: Key, body: dict[str, Any] | None, err: Exception) -> None:
+        """A reconcile raised what no API error explains (the controller retries it)."""
+        if body is not None:
+            mark_beside_plan(self.kube, body, api.KIND, cond.failing(err), self.clock())
 
     def _read(self, key: Key) -> dict[str, Any] | None:
         try:
@@ -507,19 +495,42 @@ class Reconciler:
 def _status_whole_again(
     patch: dict[str, Any], status: Status, old: Status, generation: int, now: datetime
 ) -> dict[str, Any]:
-    """`patch`, which the API server is to take whole: a StatusIncomplete left by an earlier
-    refusal (Reconciler._status_refused) is set False in it."""
-    if not cond.is_true(old.conditions, api.COND_STATUS_INCOMPLETE):
+    """`patch`, which the API server is to take whole, with the BESIDE_PLAN conditions an
+    earlier reconcile left True set False."""
+    if not any(cond.is_true(old.conditions, c) for c in cond.BESIDE_PLAN):
         return patch
-    conditions = cond.clear(
-        status.conditions,
-        api.COND_STATUS_INCOMPLETE,
-        api.REASON_STATUS_WRITTEN,
-        "",
-        generation,
-        format_time(now),
-    )
+    conditions = cond.clear_beside_plan(status.conditions, generation, format_time(now))
     return {**patch, "conditions": [dict(c) for c in conditions]}
+
+
+def mark_beside_plan(
+    kube: Kube, body: Mapping[str, Any], kind: str, condition: cond.Condition, now: datetime
+) -> None:
+    """Write `condition` alone into the conditions of `body` (an experiment or a sweep), and
+    post its Event the first time it turns True: what users see of a reconcile that cannot
+    go on, rather than a retry loop only the operator's log shows."""
+    meta = body["metadata"]
+    log.error("%s/%s: %s: %s", meta["namespace"], meta["name"], condition.reason, condition.message)
+    old = tuple((body.get("status") or {}).get("conditions") or ())
+    generation = int(meta.get("generation") or 0)
+    conditions = cond.set_condition(old, condition, generation, format_time(now))
+    try:
+        kube.patch_status(
+            meta["namespace"],
+            meta["name"],
+            {"conditions": [dict(c) for c in conditions]},
+            meta.get("resourceVersion", ""),
+            kind=kind,
+        )
+    except ApiError as err:
+        log.warning("%s/%s: condition %s not written: %s", *_key(body), condition.type, err)
+        return
+    if not cond.is_true(old, condition.type):
+        post_event(kube, body, "Warning", condition.reason, condition.message)
+
+
+def _key(body: Mapping[str, Any]) -> tuple[str, str]:
+    return body["metadata"]["namespace"], body["metadata"]["name"]
 
 
 def post_event(kube: Kube, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:

@@ -195,9 +195,7 @@ def _conditions(obs, old, status, blocker, finished) -> tuple[cond.Conditions, t
     now, generation = format_time(obs.now), status["observedGeneration"]
     conditions: cond.Conditions = tuple(old.get("conditions") or ())
     conditions = cond.clear(conditions, api.COND_INVALID, api.REASON_UNBLOCKED, "", generation, now)
-    conditions = cond.clear(
-        conditions, api.COND_STATUS_INCOMPLETE, api.REASON_STATUS_WRITTEN, "", generation, now
-    )
+    conditions = cond.clear_beside_plan(conditions, generation, now)
     events: list[Event] = []
     if blocker is not None:
         if not cond.is_true(conditions, api.COND_BLOCKED):

@@ -23,12 +23,19 @@ from typing import Any
 
 from evokube_contract import sweep as contract
 from evokube_operator import api
+from evokube_operator import conditions as cond
 from evokube_operator.kube import ApiError, Kube, refused_write
 from evokube_operator.metrics import Metrics
 from evokube_operator.observe import SweepChildView, sweep_body
 from evokube_operator.ownership import NameConflict
 from evokube_operator.policies.refusal import Refusal
-from evokube_operator.reconcile import MAX_CONFLICTS, Key, Outcome, post_event
+from evokube_operator.reconcile import (
+    MAX_CONFLICTS,
+    Key,
+    Outcome,
+    mark_beside_plan,
+    post_event,
+)
 from evokube_operator.sweep_plan import (
     SweepObservation,
     SweepPlan,
@@ -99,6 +106,11 @@ class SweepReconciler:
             post_event(self.kube, body, event.type, event.reason, event.message)
         self.metrics.sweep(key, plan.status)
         return Outcome(plan.status.get("phase"), requeue_after=plan.requeue_after)
+
+    def report_failure(self, key: Key, body: dict[str, Any] | None, err: Exception) -> None:
+        """A reconcile raised what no API error explains (the controller retries it)."""
+        if body is not None:
+            mark_beside_plan(self.kube, body, contract.SWEEP_KIND, cond.failing(err), self.clock())
 
     def _write(self, body: dict[str, Any], plan: SweepPlan) -> None:
         meta = body["metadata"]

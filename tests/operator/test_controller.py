@@ -5,6 +5,7 @@ import threading
 import time
 
 from evokube_operator.controller import Backoff, Controller, Indices
+from evokube_operator.kube import ApiError
 from evokube_operator.metrics import Metrics
 from evokube_operator.observe import ExperimentView
 from evokube_operator.reconcile import Outcome
@@ -24,6 +25,10 @@ class ScriptedReconciler:
         self.running: set = set()
         self.overlaps: list = []
         self.lock = threading.Lock()
+        self.reported: list = []
+
+    def report_failure(self, key, body, err):
+        self.reported.append((key, body["metadata"]["name"], type(err).__name__))
 
     def reconcile(self, key, body, jobs, pods):
         with self.lock:
@@ -96,6 +101,19 @@ def test_a_failed_reconcile_is_retried_with_backoff():
 
     run(rec, scenario)
     assert rec.calls.count(A) == 3
+    # No API answer explains it: each failure is reported on the object (ReconcileFailing).
+    assert rec.reported == [(A, "a", "RuntimeError")] * 2
+
+
+def test_a_reconcile_failed_by_the_api_server_is_retried_without_a_report():
+    rec = ScriptedReconciler({A: [ApiError(503, "the server is shutting down")]})
+
+    async def scenario(controller):
+        controller.request(A)
+        await until(lambda: rec.calls.count(A) >= 2, "a retry")
+
+    run(rec, scenario)
+    assert rec.reported == []
 
 
 def test_requeue_after_brings_an_experiment_back_and_the_earliest_timer_wins():

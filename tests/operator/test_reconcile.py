@@ -147,6 +147,21 @@ def test_a_status_the_api_server_refuses_is_a_condition_and_an_event_and_no_job(
     assert ("Job", "demo-0") in kube.objects
 
 
+def test_a_failing_reconcile_is_a_condition_and_one_event_until_one_goes_through():
+    kube = FakeKube(body())
+    rec = reconciler(kube)
+    for _ in range(2):  # retried: the condition stays, the Event is not posted again
+        rec.report_failure(KEY, copy.deepcopy(kube.experiment), KeyError("spec.placement"))
+    failing = find(kube.experiment["status"]["conditions"], api.COND_RECONCILE_FAILING)
+    assert (failing["status"], failing["reason"]) == ("True", api.REASON_RECONCILE_ERROR)
+    assert "KeyError: 'spec.placement'" in failing["message"]
+    assert kube.calls.count(("event", api.REASON_RECONCILE_ERROR)) == 1
+    rec.reconcile(KEY, copy.deepcopy(kube.experiment), (), ())
+    failing = find(kube.experiment["status"]["conditions"], api.COND_RECONCILE_FAILING)
+    assert (failing["status"], failing["reason"]) == ("False", api.REASON_RECONCILED)
+    assert ("Job", "demo-0") in kube.objects
+
+
 def test_a_gang_that_simply_runs_costs_no_api_call():
     kube = FakeKube(body(status=running_status()))
     outcome = reconciler(kube).reconcile(KEY, copy.deepcopy(kube.experiment), (job(0),), gang(1))

@@ -102,3 +102,15 @@ def test_a_status_write_refused_for_another_cause_is_raised_for_a_retry():
         assert err.status == 503
     else:
         raise AssertionError("a passing failure is retried, not written around")
+
+
+def test_a_failing_sweep_reconcile_is_a_condition_until_one_goes_through():
+    kube, reconciler = setup()
+    reconciler.report_failure(KEY, kube.experiment, ValueError("a value no one foresaw"))
+    failing = find(kube.experiment["status"]["conditions"], api.COND_RECONCILE_FAILING)
+    assert (failing["status"], failing["reason"]) == ("True", api.REASON_RECONCILE_ERROR)
+    assert "ValueError: a value no one foresaw" in failing["message"]
+    assert ("event", api.REASON_RECONCILE_ERROR) in kube.calls
+    reconciler.reconcile(KEY, kube.experiment, ())
+    failing = find(kube.experiment["status"]["conditions"], api.COND_RECONCILE_FAILING)
+    assert failing["status"] == "False"
