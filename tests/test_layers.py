@@ -21,6 +21,7 @@ HALVES = {"evokube_operator", "evokube_trainer"}
 # Each half's parts, lowest layer first. A part is a package (all its modules) or one module.
 TRAINER = (
     ("evokube_contract", "evokube_trainer"),  # the operator-trainer contract; the version
+    ("evokube_trainer.metric_names",),  # the metrics' names, spelled once
     ("evokube_trainer.utils", "evokube_trainer.replay", "evokube_trainer.recorders"),
     ("evokube_trainer.envs", "evokube_trainer.agents", "evokube_trainer.ec"),  # pure JAX parts
     ("evokube_trainer.workflows",),  # the generation loop that composes them

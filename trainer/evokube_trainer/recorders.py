@@ -22,6 +22,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import IO, Any, Protocol, runtime_checkable
 
+from evokube_trainer import metric_names as names
+
 __all__ = [
     "BucketJsonLinesRecorder",
     "ConsoleRecorder",
@@ -322,10 +324,10 @@ def wandb_recorders(name: str, namespace: str, folder: str | None = None) -> lis
 
 
 DEFAULT_CONSOLE_KEYS = (
-    "env_steps",
-    "ec/fitness_max",
-    "ec/fitness_mean",
-    "eval/return_mean",
+    names.ENV_STEPS,
+    names.BEST_FITNESS,
+    names.MEAN_FITNESS,
+    names.EVAL_RETURN,
     "rl/critic_loss",
     "time/generations_per_s",
     "time/env_steps_per_s",

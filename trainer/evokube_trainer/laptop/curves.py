@@ -18,14 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from evokube_contract import GROUP, HISTORY_FILE, PLURAL, VERSION
+from evokube_trainer import metric_names as names
 from evokube_trainer.runtime import folders
 from evokube_trainer.utils import mean_interval
 
 # The curves drawn, from the metrics of each generation.
 CURVES = (
-    ("ec/fitness_max", "best fitness"),
-    ("ec/fitness_mean", "mean fitness"),
-    ("eval/return_mean", "evaluation return"),
+    (names.BEST_FITNESS, "best fitness"),
+    (names.MEAN_FITNESS, "mean fitness"),
+    (names.EVAL_RETURN, "evaluation return"),
 )
 
 
@@ -50,8 +51,8 @@ def read_history(path: Path) -> list[dict]:
 
 
 def seed_count(rows: list[dict]) -> int:
-    """How many replicas the rows' `seed/<i>/...` metrics name (1 when none do)."""
-    indices = {int(name.split("/")[1]) for row in rows for name in row if name.startswith("seed/")}
+    """How many replicas the rows' `seed_key` metrics name (1 when none do)."""
+    indices = {seed[0] for row in rows for name in row if (seed := names.split_seed_key(name))}
     return max(indices) + 1 if indices else 1
 
 
@@ -60,7 +61,7 @@ def seed_band(rows: list[dict], key: str, seeds: int) -> list[tuple[int, float, 
     where every replica has a finite value."""
     band = []
     for row in rows:
-        values = [row.get(f"seed/{i}/{key}") for i in range(seeds)]
+        values = [row.get(names.seed_key(i, key)) for i in range(seeds)]
         if all(isinstance(v, int | float) and math.isfinite(v) for v in values):
             band.append((row["generation"], *mean_interval(values)))
     return band
@@ -83,7 +84,7 @@ def plot_learning_curve(rows: list[dict], title: str, png_path: Path) -> Path:
                 ax.plot(*zip(*points, strict=True), label=label, color=color)
             continue
         for i in range(seeds):
-            points = _points(rows, f"seed/{i}/{key}")
+            points = _points(rows, names.seed_key(i, key))
             if points:
                 ax.plot(*zip(*points, strict=True), color=color, alpha=0.3, linewidth=0.8)
         band = seed_band(rows, key, seeds)

@@ -31,6 +31,7 @@ from typing import Any, TextIO
 import yaml
 
 import evokube_contract as contract
+from evokube_trainer import metric_names as names
 from evokube_trainer.laptop.curves import plot_learning_curve, read_history
 from evokube_trainer.runtime import exitcodes, folders
 from evokube_trainer.runtime.objectstore import is_url
@@ -182,8 +183,8 @@ class Progress:
         if self.max_generations and done > 0:
             remaining = (self.max_generations - generation) * elapsed / done
             eta = f"  ETA {remaining:5.0f}s"
-        best = metrics.get("ec/fitness_max", float("nan"))
-        evaluation = metrics.get("eval/return_mean")
+        best = metrics.get(names.BEST_FITNESS, float("nan"))
+        evaluation = metrics.get(names.EVAL_RETURN)
         eval_text = f"  eval {evaluation:9.2f}" if isinstance(evaluation, float) else ""
         total = f"/{self.max_generations}" if self.max_generations else ""
         print(

@@ -34,6 +34,7 @@ from evokube_contract.sweep import (
     interval,
     summarize,
 )
+from evokube_trainer import metric_names as names
 from evokube_trainer.laptop import checks_on_cpu
 from evokube_trainer.laptop.curves import plot_curves, read_history
 from evokube_trainer.runtime import exitcodes, folders, manifest
@@ -47,8 +48,6 @@ CURVES_FILE = "curves.png"
 PHASES = {exitcodes.SUCCESS: "Succeeded", exitcodes.PERMANENT: "Failed"}
 # Children running side by side get metrics ports this far apart (spec.metricsPort + process).
 PORT_STRIDE = 64
-FITNESS = "ec/fitness_max"  # a generation's best fitness, per seed as seed/<i>/ec/fitness_max
-EVAL_RETURN = "eval/return_mean"
 
 
 # -- reading and checking -----------------------------------------------------------------------
@@ -108,16 +107,16 @@ def local_seeds(rows: list[dict], spec: dict) -> list[dict]:
     from evokube_trainer.workflows import replica_seed  # the trainer's own numbering
 
     replicas = spec.get("seeds", 1)
-    per_seed = any(f"seed/0/{FITNESS}" in r for r in rows)
-    prefixes = [f"seed/{i}/" for i in range(replicas)] if per_seed else [""]
+    per_seed = any(names.seed_key(0, names.BEST_FITNESS) in r for r in rows)
+    keyed = [lambda name, i=i: names.seed_key(i, name) for i in range(replicas)]
     seeds = []
-    for i, prefix in enumerate(prefixes):
-        fitness = _numbers(rows, prefix + FITNESS)
+    for i, key in enumerate(keyed if per_seed else [lambda name: name]):
+        fitness = _numbers(rows, key(names.BEST_FITNESS))
         if not fitness:
             continue
         entry = {"seed": replica_seed(spec.get("seed", 0), i), "bestFitness": max(fitness)}
         entry["fitness"] = fitness[-1]
-        returns = _numbers(rows, prefix + EVAL_RETURN)
+        returns = _numbers(rows, key(names.EVAL_RETURN))
         if returns:
             entry["evalReturn"] = returns[-1]
         seeds.append(entry)
@@ -256,7 +255,9 @@ def _report(root: Path, runs: list[Child], interrupted: bool, out: TextIO) -> in
     if importlib.util.find_spec("matplotlib") is not None:
         series = {c.name: c.history() for c in runs}
         if any(series.values()):
-            png = plot_curves(series, FITNESS, f"{root.name}: best fitness", root / CURVES_FILE)
+            png = plot_curves(
+                series, names.BEST_FITNESS, f"{root.name}: best fitness", root / CURVES_FILE
+            )
             print(f"curves:  {png}", file=out)
     unfinished = [c.name for c in runs if c.phase() is None]
     if interrupted or unfinished:

@@ -27,15 +27,16 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import ThreadingWSGIServer
 
+from evokube_trainer import metric_names as names
 from evokube_trainer.utils import mean_interval
 
 # Prometheus `stat` label -> the workflow metric it reports.
 FITNESS_KEYS = {
-    "best": "ec/fitness_max",
-    "mean": "ec/fitness_mean",
-    "min": "ec/fitness_min",
-    "max": "ec/fitness_max",
-    "std": "ec/fitness_std",
+    "best": names.BEST_FITNESS,
+    "mean": names.MEAN_FITNESS,
+    "min": names.MIN_FITNESS,
+    "max": names.BEST_FITNESS,
+    "std": names.FITNESS_STD,
 }
 # Generations take from milliseconds (tiny gymnax runs) to minutes (large Brax populations).
 DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -127,14 +128,14 @@ class TrainerMetrics:
     ) -> None:
         """Record one generation's metrics dict (as Workflow.step returns it)."""
         labels = self._labels
-        self.generation.labels(**labels).set(metrics["generation"])
+        self.generation.labels(**labels).set(metrics[names.GENERATION])
         if new_env_steps > 0:
             self.env_steps.labels(**labels).inc(new_env_steps)
         for stat, key in FITNESS_KEYS.items():
             if key in metrics:
                 self.fitness.labels(**labels, stat=stat).set(metrics[key])
-        if "eval/return_mean" in metrics:
-            self.eval_return.labels(**labels).set(metrics["eval/return_mean"])
+        if names.EVAL_RETURN in metrics:
+            self.eval_return.labels(**labels).set(metrics[names.EVAL_RETURN])
         for key, value in metrics.items():
             if key.endswith("_loss"):
                 loss = key.rsplit("/", 1)[-1].removesuffix("_loss")

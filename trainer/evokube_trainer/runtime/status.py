@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from evokube_contract import GROUP, PLURAL, VERSION
+from evokube_trainer import metric_names as names
 from evokube_trainer.runtime.manifest import crd_schema
 from evokube_trainer.workflows import replica_seed, replica_values
 
@@ -186,12 +187,12 @@ class SeedProgress:
 
     def update(self, metrics: Mapping[str, float]) -> None:
         """Take one generation's host metrics (`Workflow.learn`'s)."""
-        self.fitness = replica_values(metrics, "ec/fitness_max", self.seeds)
+        self.fitness = replica_values(metrics, names.BEST_FITNESS, self.seeds)
         self.best = [
             best if value is None or not value > best else value
             for best, value in zip(self.best, self.fitness, strict=True)
         ]
-        evaluated = replica_values(metrics, "eval/return_mean", self.seeds)
+        evaluated = replica_values(metrics, names.EVAL_RETURN, self.seeds)
         self.eval_return = [
             old if new is None else new
             for old, new in zip(self.eval_return, evaluated, strict=True)

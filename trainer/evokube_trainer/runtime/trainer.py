@@ -39,6 +39,7 @@ from evokube_contract import (
     XLA_CACHE_SUBDIR,
 )
 from evokube_trainer import __version__
+from evokube_trainer import metric_names as names
 from evokube_trainer.policies import PolicyExporter, network_config
 from evokube_trainer.recorders import Recorder, RecorderBase
 from evokube_trainer.runtime import exitcodes, objectstore
@@ -141,11 +142,11 @@ def local_stop_code(
 ) -> tuple[int, str]:
     if flags.preempted:
         return STOP_PREEMPTED, f"preempted ({flags.signal_name or 'SIGTERM'})"
-    if config.max_generations and metrics["generation"] >= config.max_generations:
+    if config.max_generations and metrics[names.GENERATION] >= config.max_generations:
         return STOP_DONE, f"reached maxGenerations={config.max_generations}"
-    if config.max_env_steps and metrics["env_steps"] >= config.max_env_steps:
+    if config.max_env_steps and metrics[names.ENV_STEPS] >= config.max_env_steps:
         return STOP_DONE, f"reached maxEnvSteps={config.max_env_steps}"
-    best = metrics.get("ec/fitness_max")
+    best = metrics.get(names.BEST_FITNESS)
     if config.target_fitness is not None and best is not None and best >= config.target_fitness:
         return STOP_DONE, f"best fitness {best:.4g} reached targetFitness={config.target_fitness}"
     if config.max_wall_clock_s and time.monotonic() - started >= config.max_wall_clock_s:
@@ -195,8 +196,8 @@ class _Generations:
             with self.lock:
                 self.checkpointer.wait()
                 self._note_finished_save()
-        new_steps = host["env_steps"] - self.env_steps
-        self.env_steps = int(host["env_steps"])
+        new_steps = host[names.ENV_STEPS] - self.env_steps
+        self.env_steps = int(host[names.ENV_STEPS])
         self.metrics.record_generation(host, host["time/step_s"], new_steps)
         self.replicas.update(host)
         self.metrics.record_seeds(self.replicas.entries())
@@ -251,7 +252,7 @@ class _Generations:
 
     def _on_generation(self, state, host: Mapping[str, float]) -> None:
         generation = int(host["generation"])
-        if not math.isfinite(host.get("ec/fitness_mean", 0.0)):
+        if not math.isfinite(host.get(names.MEAN_FITNESS, 0.0)):
             raise exitcodes.PermanentError(f"training diverged at generation {generation}")
         code, reason = local_stop_code(self.config, host, self.started, self.flags)
         # Finishing a chunk of generations (with its evaluation) and saving it after a SIGTERM
@@ -601,11 +602,11 @@ def _progress(metrics: Mapping[str, float], checkpointer: Checkpointer | None) -
         if f"pbt/best/{name}" in metrics
     }
     return {
-        "generation": int(metrics["generation"]),
-        "envSteps": int(metrics["env_steps"]),
-        "bestFitness": _finite(metrics.get("ec/fitness_max")),
-        "meanFitness": _finite(metrics.get("ec/fitness_mean")),
-        "evalReturn": _finite(metrics.get("eval/return_mean")),
+        "generation": int(metrics[names.GENERATION]),
+        "envSteps": int(metrics[names.ENV_STEPS]),
+        "bestFitness": _finite(metrics.get(names.BEST_FITNESS)),
+        "meanFitness": _finite(metrics.get(names.MEAN_FITNESS)),
+        "evalReturn": _finite(metrics.get(names.EVAL_RETURN)),
         "lastCheckpoint": steps[-1] if steps else None,
         "hyperparameters": hyperparameters or None,
     }

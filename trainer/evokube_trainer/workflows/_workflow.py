@@ -54,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from evokube_trainer import metric_names as names
 from evokube_trainer.ec import EvoOptimizer
 from evokube_trainer.envs import (
     Env,
@@ -87,8 +88,6 @@ PARTS = ("ask", "rl_update", "rollout", "replay_add", "merge", "tell", "evaluate
 CHUNK_CAPACITY = 64
 # The row of `Workflow.steps`' metrics that says whether the generation was evaluated.
 EVALUATED = "evaluated"
-# The metrics `learn` reports per replica too, as `seed/<i>/<name>`, when there are several.
-SEED_METRICS = ("ec/fitness_max", "ec/fitness_mean", "eval/return_mean", "env_steps")
 # Env steps are counted on the device in two int32 words (jax runs without x64, and one chip
 # passes 2**31 agent steps within the hour: Brax at 0.7M steps/s, 8 seeds of a small ES at
 # 60M each): `WorkflowState.env_steps` holds the count below ENV_STEPS_WORD and
@@ -353,7 +352,7 @@ class Workflow:
             result.episode_lengths.astype(jnp.float32)
         )
         metrics["generation"] = state.generation
-        metrics["env_steps"] = state.env_steps  # the low word: `learn` reads both
+        metrics[names.ENV_STEPS] = state.env_steps  # the low word: `learn` reads both
         metrics["env_steps_high"] = state.env_steps_high
         return state, metrics
 
@@ -410,12 +409,12 @@ class Workflow:
             row = {**metrics, **eval_metrics, EVALUATED: due}
             rows = jax.tree.map(lambda column, value: column.at[done].set(value), rows, row)
             reached = env_steps_reached(
-                metrics["env_steps_high"], metrics["env_steps"], stop_at.env_steps
+                metrics["env_steps_high"], metrics[names.ENV_STEPS], stop_at.env_steps
             )
             stopped = (
                 jnp.any(reached)
-                | (jnp.mean(metrics["ec/fitness_max"]) >= stop_at.fitness)
-                | ~jnp.all(jnp.isfinite(metrics["ec/fitness_mean"]))
+                | (jnp.mean(metrics[names.BEST_FITNESS]) >= stop_at.fitness)
+                | ~jnp.all(jnp.isfinite(metrics[names.MEAN_FITNESS]))
             )
             return done + 1, state, rows, stopped, (last, best)
 
@@ -467,7 +466,7 @@ class Workflow:
         metrics, policy = self._evaluate(state)
         evaluation = Evaluation(
             generation=state.generation,
-            eval_return=metrics["eval/return_mean"],
+            eval_return=metrics[names.EVAL_RETURN],
             policy=policy,
             obs_stats=state.obs_stats,
         )
@@ -484,7 +483,7 @@ class Workflow:
         pick = jnp.argmax(jnp.mean(result.episode_returns, axis=1))
         returns = result.episode_returns[pick]  # [E]
         metrics = {
-            "eval/return_mean": jnp.mean(returns),
+            names.EVAL_RETURN: jnp.mean(returns),
             "eval/return_std": jnp.std(returns),
             "eval/return_min": jnp.min(returns),
             "eval/return_max": jnp.max(returns),
@@ -548,7 +547,7 @@ class Workflow:
                 generation = int(metrics["generation"])
                 metrics["time/step_s"] = step_seconds
                 metrics["time/generations_per_s"] = 1.0 / max(step_seconds, 1e-9)
-                total = int(np.sum(values["env_steps"]))  # the whole program's throughput
+                total = int(np.sum(values[names.ENV_STEPS]))  # the whole program's throughput
                 metrics["time/env_steps_per_s"] = (total - env_steps) / max(step_seconds, 1e-9)
                 env_steps = total
                 for recorder in recorders:
@@ -638,7 +637,7 @@ def replica_values(metrics: Mapping[str, float], name: str, seeds: int) -> list[
     """Each replica's value of `name` in `seed_metrics`' host metrics (None where absent)."""
     if seeds == 1:
         return [metrics.get(name)]
-    return [metrics.get(f"seed/{i}/{name}") for i in range(seeds)]
+    return [metrics.get(names.seed_key(i, name)) for i in range(seeds)]
 
 
 def _obs_stats_metrics(stats: RunningStats) -> Metrics:
@@ -690,7 +689,7 @@ def env_steps_count(state: WorkflowState) -> np.ndarray:
 def _counted_env_steps(rows: Mapping[str, Any]) -> dict[str, Any]:
     """Host metric rows with `env_steps` the whole count (int64) and its high word dropped."""
     rows = dict(rows)
-    rows["env_steps"] = _joined(rows.pop("env_steps_high"), rows["env_steps"])
+    rows[names.ENV_STEPS] = _joined(rows.pop("env_steps_high"), rows[names.ENV_STEPS])
     return rows
 
 
@@ -702,17 +701,17 @@ def _joined(high: Any, low: Any) -> np.ndarray:
 def seed_metrics(values: Mapping[str, Any], seeds: int) -> dict[str, float]:
     """Host metrics of one generation from its device values. One seed: the scalars as they
     are. Several: each `[seeds]` value becomes the replicas' mean (`generation` and
-    `env_steps`: the most, an integer), and each of `SEED_METRICS` is also given per replica,
-    as `seed/<i>/<name>`."""
+    `env_steps`: the most, an integer), and each of `metric_names.PER_SEED` is also given per
+    replica, as `seed_key(i, name)`."""
     if seeds == 1:
         return {name: _scalar(value) for name, value in values.items()}
     metrics: dict[str, float] = {}
     for name, value in values.items():
         value = np.asarray(value)
-        most = name in ("generation", "env_steps")
+        most = name in (names.GENERATION, names.ENV_STEPS)
         metrics[name] = int(np.max(value)) if most else float(np.mean(value))
-        if name in SEED_METRICS:
-            metrics.update({f"seed/{i}/{name}": _scalar(v) for i, v in enumerate(value)})
+        if name in names.PER_SEED:
+            metrics.update({names.seed_key(i, name): _scalar(v) for i, v in enumerate(value)})
     return metrics
 
 
