@@ -593,7 +593,7 @@ BAD_MANIFESTS += [
             "spec.ttlSecondsAfterFinished": 315360001,
             "spec.stopping.maxWallClockSeconds": 2**62,
             "spec.stopping.maxGenerations": 2**31,
-            "spec.stopping.maxEnvSteps": 2**31,
+            "spec.stopping.maxEnvSteps": 2**53 + 1,  # past what JSON carries exactly
             "spec.algorithm.rl.replayCapacity": 10**9,
             "spec.algorithm.rl.batchSize": 65537,
             "spec.algorithm.rl.warmupSteps": 10**8 + 1,
@@ -745,6 +745,9 @@ GOOD_MANIFESTS = [
     GoodManifest("64 seeds from the largest seed", {"spec.seed": 2**32 - 1, "spec.seeds": 64}),
     GoodManifest("integral floats for seed and seeds", {"spec.seed": 8.0, "spec.seeds": 2.0}),
     GoodManifest("metadata labels and annotations", {"metadata.labels": {"example.com/a": "b"}}),
+    # Cluster-scale budgets (issue 42): past the old 1e9 cap and past 2**31.
+    GoodManifest("a 2e9-step budget", {"spec.stopping": {"maxEnvSteps": 2 * 10**9}}),
+    GoodManifest("a 1e12-step budget", {"spec.stopping": {"maxEnvSteps": 10**12}}),
     GoodManifest(
         "largest allowed integers",
         {
@@ -753,7 +756,7 @@ GOOD_MANIFESTS = [
             "spec.ttlSecondsAfterFinished": 315360000,
             "spec.stopping": {
                 "maxGenerations": 10**9,
-                "maxEnvSteps": 10**9,
+                "maxEnvSteps": 2**53,
                 "maxWallClockSeconds": 315360000,
             },
             "spec.algorithm.rl": {

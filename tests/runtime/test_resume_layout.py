@@ -124,7 +124,9 @@ def test_a_checkpoint_that_cannot_be_resharded_stops_the_run_with_its_reason(tmp
     assert verdict.message == f"host 0 (pod reshaped-0-0-x) exited with code 78: {reason}"
 
 
-def test_a_checkpoint_from_before_the_two_word_step_count_resumes_and_counts_on(tmp_path):
+def test_a_checkpoint_from_before_the_two_word_step_count_resumes_counts_on_and_stops_at_its_budget(
+    tmp_path,
+):
     """Checkpoints written before env steps were counted in two words hold one int32 count
     (wrapped past 2**31 on a long run) and no `env_steps_high`: a newer trainer resumes them,
     across processes too, and counts on from where they were."""
@@ -149,12 +151,18 @@ def test_a_checkpoint_from_before_the_two_word_step_count_resumes_and_counts_on(
     assert "env_steps_high" not in checkpointer._saved_shapes(step)
     checkpointer.close()
 
-    code, out = finish(start_run(tmp_path, changed(doc, generations=3, hosts=2)))
+    # Resumed past the old 1e9 cap and 2**31 with a budget there (issue 42): it stops at the
+    # generation that reaches the budget, by the budget, not before and not at maxGenerations.
+    per_generation = 8 * EPISODE  # one episode a member (CEM-RL's actors are members)
+    budget = count + per_generation + 1
+    resumed = changed(doc, generations=10, hosts=2)
+    resumed["spec"]["stopping"]["maxEnvSteps"] = budget
+    code, out = finish(start_run(tmp_path, resumed))
     assert code == 0, out
     log = (tmp_path / "runs" / name / "logs" / "process-0.log").read_text()
     assert "resumed from checkpoint at generation 1" in log
+    assert f"reached maxEnvSteps={budget}" in log
     rows = history(tmp_path, name)
-    per_generation = 8 * EPISODE  # one episode a member (CEM-RL's actors are members)
     assert [(r["generation"], r["env_steps"]) for r in rows[1:]] == [
         (2, count + per_generation),
         (3, count + 2 * per_generation),

@@ -528,6 +528,14 @@ def test_env_steps_count_past_the_int32_range_and_stop_there(tiny_erl):
         *workflow.chunk_arguments(3, StopAt.of(env_steps=2**31 - 1)),
     )
     assert int(done) == 1
+    # A budget past 2**31 (two words too) stops at the generation that reaches it, not before.
+    budget = 2**33 + 500
+    state, _, done, _ = fns.steps(
+        _with_count(state, 2**33 - 10),
+        *workflow.chunk_arguments(5, StopAt.of(env_steps=budget)),
+    )
+    assert int(done) == 3  # 240, 480 (< 510 to go), 720
+    assert int(env_steps_count(state)) == 2**33 - 10 + 720 >= budget
     # ... and one below a threshold in the high word does not stop before reaching it.
     threshold = ENV_STEPS_WORD + 500
     state, _, done, _ = fns.steps(

@@ -114,16 +114,21 @@ class WorkflowState:
 @struct.dataclass
 class StopAt:
     """Where `Workflow.steps` ends a run of generations early, on the device: once the env
-    steps (warm-up included) reach `env_steps`, or the best fitness reaches `fitness`."""
+    steps (warm-up included) reach a threshold, or the best fitness reaches `fitness`. The
+    threshold is in two words as the count is (`ENV_STEPS_WORD`), so budgets past 2**31 stop
+    where they say: up to 2**61 steps, past the 2**53 the CRD allows."""
 
-    env_steps: Array  # [] int32 (the CRD caps maxEnvSteps at 1e9); negative: never
+    env_steps_high: Array  # [] int32 the threshold's whole ENV_STEPS_WORDs; negative: never
+    env_steps: Array  # [] int32 the threshold below ENV_STEPS_WORD
     fitness: Array  # [] float32
 
     @classmethod
     def of(cls, env_steps: int | None = None, fitness: float | None = None) -> StopAt:
         """Thresholds from optional limits (None: never)."""
+        high, low = (-1, 0) if env_steps is None else divmod(int(env_steps), ENV_STEPS_WORD)
         return cls(
-            env_steps=np.int32(-1 if env_steps is None else env_steps),
+            env_steps_high=np.int32(high),
+            env_steps=np.int32(low),
             fitness=np.float32(np.inf if fitness is None else fitness),
         )
 
@@ -409,7 +414,7 @@ class Workflow:
             row = {**metrics, **eval_metrics, EVALUATED: due}
             rows = jax.tree.map(lambda column, value: column.at[done].set(value), rows, row)
             reached = env_steps_reached(
-                metrics["env_steps_high"], metrics[names.ENV_STEPS], stop_at.env_steps
+                metrics["env_steps_high"], metrics[names.ENV_STEPS], stop_at
             )
             stopped = (
                 jnp.any(reached)
@@ -656,11 +661,11 @@ def add_env_steps(high: Array, low: Array, new: Array) -> tuple[Array, Array]:
     return high + low // ENV_STEPS_WORD, low % ENV_STEPS_WORD
 
 
-def env_steps_reached(high: Array, low: Array, threshold: Array) -> Array:
-    """Whether the two-word count has reached `threshold` (an int32; negative: never)."""
-    threshold_high, threshold_low = threshold // ENV_STEPS_WORD, threshold % ENV_STEPS_WORD
-    reached = (high > threshold_high) | ((high == threshold_high) & (low >= threshold_low))
-    return reached & (threshold >= 0)
+def env_steps_reached(high: Array, low: Array, stop_at: StopAt) -> Array:
+    """Whether the two-word count `(high, low)` has reached `stop_at`'s two-word threshold."""
+    at_high, at_low = stop_at.env_steps_high, stop_at.env_steps
+    reached = (high > at_high) | ((high == at_high) & (low >= at_low))
+    return reached & (at_high >= 0)
 
 
 # Leaves WorkflowState gained after checkpoints of it were first written: such a checkpoint
