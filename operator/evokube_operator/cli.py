@@ -16,6 +16,7 @@ import json
 import logging
 import re
 import sys
+import threading
 
 import kopf
 
@@ -228,13 +229,21 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("evokube_operator").warning("--trainer-token=none: %s", api.NO_TOKEN)
     from evokube_operator import handlers  # noqa: F401  (registers the handlers)
 
-    kopf.run(
-        standalone=True,
-        clusterwide=not options.namespaces,
-        namespaces=list(options.namespaces),
-        memo=kopf.Memo(options=options),
-    )
-    return 0
+    while True:
+        # The handlers set `rewatch` and the flag when a kind the watches depend on comes or
+        # goes (handlers.rewatch_when_served_changes): Kopf stops, and starts again here.
+        stop = threading.Event()
+        memo = kopf.Memo(options=options, stop_flag=stop, rewatch=False)
+        kopf.run(
+            standalone=True,
+            clusterwide=not options.namespaces,
+            namespaces=list(options.namespaces),
+            memo=memo,
+            stop_flag=stop,
+        )
+        if not memo.rewatch:
+            return 0
+        logging.getLogger("evokube_operator").warning("watching what the cluster serves now")
 
 
 if __name__ == "__main__":

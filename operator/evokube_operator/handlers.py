@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,7 +55,8 @@ log = logging.getLogger(__name__)
 
 # Kinds the operator watches only if the cluster serves them when it starts. Kopf takes up a
 # CRD installed later only if the API server's discovery already lists it at the CRD's last
-# event, which it often does not; so a change in what is served restarts the process.
+# event, which it often does not; so a change in what is served starts Kopf over, in-process
+# (cli.main), watching what is served then.
 OPTIONAL_KINDS = (jobset.KIND, sweep.SWEEP_KIND)
 SERVED_CHECK_SECONDS = 20.0
 
@@ -68,14 +68,14 @@ def served_kinds(kube: Kube) -> dict[str, bool]:
     if not served[jobset.KIND]:
         log.warning(
             "%s/%s is not served: multislice experiments stay Blocked until JobSet is "
-            "installed (this operator restarts itself to watch it)",
+            "installed (this operator then starts its watches again)",
             jobset.GROUP,
             jobset.VERSION,
         )
     if not served[sweep.SWEEP_KIND]:
         log.warning(
             "%s/%s %s is not served: sweeps are not reconciled until its CRD is installed "
-            "(this operator restarts itself to watch it)",
+            "(this operator then starts its watches again)",
             api.GROUP,
             api.VERSION,
             sweep.SWEEP_PLURAL,
@@ -83,23 +83,25 @@ def served_kinds(kube: Kube) -> dict[str, bool]:
     return served
 
 
-async def restart_when_served_changes(kube: Kube, served: Mapping[str, bool]) -> None:
+async def rewatch_when_served_changes(memo: kopf.Memo, served: Mapping[str, bool]) -> None:
     """Every SERVED_CHECK_SECONDS, ask discovery again; once a kind of OPTIONAL_KINDS has
-    come or gone since the start, stop this process as a SIGTERM does (the Lease released):
-    its Deployment starts it again, watching what is served now. Experiments Blocked with
-    JobSetNotServed go on within a minute of JobSet's install, without anyone acting."""
+    come or gone since the watches started, stop Kopf as a SIGTERM would (reconciles drained,
+    the Lease released) with `memo.rewatch` set: `cli.main` starts it again in the same
+    process, watching what is served now. Experiments Blocked with JobSetNotServed go on
+    within a minute of JobSet's install, with no one restarting anything."""
     while True:
         await asyncio.sleep(SERVED_CHECK_SECONDS)
         for kind, was in served.items():
             try:
-                now = await asyncio.to_thread(kube.serves, kind)
+                now = await asyncio.to_thread(memo.kube.serves, kind)
             except Exception as err:  # the API server away: asked again next time
                 log.debug("discovery of %s failed: %s", kind, err)
                 continue
             if now != was:
                 change = "now served" if now else "no longer served"
-                log.warning("%s is %s: restarting to watch what is served", kind, change)
-                os.kill(os.getpid(), signal.SIGTERM)
+                log.warning("%s is %s: starting the watches again", kind, change)
+                memo.rewatch = True
+                memo.stop_flag.set()
                 return
 
 
@@ -142,8 +144,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
             may_write=lambda: elector.leading,
         )
     served = served_kinds(kube)
+    memo.kube = kube
     memo.served_check = asyncio.create_task(
-        restart_when_served_changes(kube, served), name="evokube-served-kinds"
+        rewatch_when_served_changes(memo, served), name="evokube-served-kinds"
     )
     controller = Controller(
         Reconciler(

@@ -113,8 +113,8 @@ class Reconciler:
     timeouts: startup.Timeouts = startup.DEFAULT_TIMEOUTS  # of pods that cannot start
     default_checkpoints: str | None = None  # bucket URL; experiments get <it>/<ns>/<name>
     trainer_token: str = api.TOKEN_HOST_0  # which trainer pods hold an API token
-    # The cluster served JobSets when the watches started (the process restarts if that
-    # changes: handlers.restart_when_served_changes).
+    # The cluster served JobSets when the watches started (they start again if that
+    # changes: handlers.rewatch_when_served_changes).
     watches_jobsets: bool = True
     _memory: dict[Key, _Memory] = field(default_factory=dict)
 
@@ -380,7 +380,7 @@ class Reconciler:
         if served:
             message = gang + (
                 "which this cluster began to serve after the operator started: the operator "
-                "restarts itself to watch JobSets (within a minute)"
+                "starts its watches again to watch JobSets (within a minute)"
             )
         else:
             message = gang + "which this cluster does not serve; install JobSet "

@@ -219,24 +219,30 @@ def test_without_the_sweep_crd_the_operator_warns_once_and_runs_experiments(k8s,
         k8s.wait(lambda: not Kube(k8s.api_client).serves(contract.SWEEP_KIND), "no ERLSweeps")
         k8s.operator.stop()
         k8s.operator.start()
+        pid = k8s.operator.proc.pid
         k8s.apply(experiment_manifest("alone", namespace))
         k8s.wait_phase(namespace, "alone", "Running")
         log = k8s.operator.log_path.read_text()
         assert log.count(f"{contract.SWEEP_PLURAL} is not served") == 1, log
         assert k8s.operator.alive()
-        # The CRD installed now: the operator stops itself to watch sweeps (its Deployment
-        # starts it again), and the new one reconciles them.
+        # The CRD installed now: the operator starts its watches again in the same process
+        # and reconciles sweeps, with nobody restarting it.
         k8s.cluster.kubectl("apply", "--server-side", "-f", sweeps)
         k8s.wait(
-            lambda: not k8s.operator.alive(),
-            "the operator to stop itself",
+            lambda: (
+                "ERLSweep is now served: starting the watches again"
+                in k8s.operator.log_path.read_text()
+            ),
+            "the operator to notice the CRD",
             timeout=SERVED_CHECK_SECONDS + 30,
         )
-        assert k8s.operator.proc.returncode == 0
-        assert "ERLSweep is now served: restarting" in k8s.operator.log_path.read_text()
-        k8s.operator.start()
         k8s.apply(grid_sweep(namespace, max_parallel=1))
-        k8s.wait(lambda: sweep_status(k8s, namespace).get("phase") == "Running", "a sweep")
+        k8s.wait(
+            lambda: sweep_status(k8s, namespace).get("phase") == "Running",
+            "the sweep reconciled",
+            timeout=60,
+        )
+        assert k8s.operator.alive() and k8s.operator.proc.pid == pid
     finally:
         k8s.cluster.kubectl("apply", "--server-side", "-f", sweeps)
         k8s.wait(lambda: Kube(k8s.api_client).serves(contract.SWEEP_KIND), "ERLSweeps", 60)
