@@ -12,11 +12,11 @@ over when it stops or dies (docs/operator.md, "Leader election").
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import re
 import sys
-import threading
 
 import kopf
 
@@ -231,8 +231,10 @@ def main(argv: list[str] | None = None) -> int:
 
     while True:
         # The handlers set `rewatch` and the flag when a kind the watches depend on comes or
-        # goes (handlers.rewatch_when_served_changes): Kopf stops, and starts again here.
-        stop = threading.Event()
+        # goes (handlers.rewatch_when_served_changes): Kopf stops, and starts again here. An
+        # asyncio.Event, bound to the loop kopf.run makes: a threading one would leave a thread
+        # waiting on it that a SIGTERM's shutdown then waits for.
+        stop = asyncio.Event()
         memo = kopf.Memo(options=options, stop_flag=stop, rewatch=False)
         kopf.run(
             standalone=True,

@@ -27,6 +27,9 @@ from tests.bad_manifests import with_changes
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = ("crds/erlexperiments.evokube.io.yaml", "helm/evokube/crds/erlexperiments.evokube.io.yaml")
+# The ERLSweep CRD's template schema is the ERLExperiment CRD's spec schema, generated from it
+# and kept equal to it (tests/test_sweep_model.py): it restates what that one does.
+SWEEP_CRDS = ("crds/erlsweeps.evokube.io.yaml", "helm/evokube/crds/erlsweeps.evokube.io.yaml")
 TEMPLATES = REPO / "helm" / "evokube" / "templates"
 
 
@@ -199,7 +202,10 @@ KNOWN_COPIES = {
     # EXPOSE; HOME is the image's own home, which the operator's HOME replaces in pods.
     "Dockerfile": {"METRICS_PORT", "COORDINATOR_PORT", "ENV_HOME"},
     # Port defaults, the mount-path rule, the spec.env rules and their description.
-    **{path: {"METRICS_PORT", "COORDINATOR_PORT", "MANIFEST_DIR", *ENV_RULES} for path in CRDS},
+    **{
+        path: {"METRICS_PORT", "COORDINATOR_PORT", "MANIFEST_DIR", *ENV_RULES}
+        for path in (*CRDS, *SWEEP_CRDS)
+    },
     "helm/evokube/templates/admission.yaml": {"COMPLETION_INDEX_ANNOTATION", "JOB_INDEX_LABEL"},
 }
 NOT_SHIPPED = {"docs", "examples", "tests", "runs", "build", "dist", "node_modules"}
