@@ -22,9 +22,9 @@ from tests.operator.conftest import (
     service_account_kubeconfig,
 )
 
-# One XLA compilation cache for every trainer the suite starts through `evokube run` or the
-# entry point (they inherit this environment; the e2e pods do not) and for what the tests
-# compile in their own processes: kept between runs outside the repo, so a warm `make test`
+# One XLA compilation cache for every one-process trainer the suite starts through `evokube run`
+# or the entry point (they inherit this environment; the e2e pods do not; a gang keeps its own:
+# runtime/trainer.py) and for what the tests compile in their own processes: kept between runs outside the repo, so a warm `make test`
 # loads the programs an earlier run compiled (docs/testing.md). Tests of where a run's own
 # cache goes, or of executables/ (which keeps no program the cache served), set it empty.
 CACHE = Path(os.environ.get("EVOKUBE_CACHE", Path.home() / ".cache" / "evokube"))
