@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import evokube_contract as contract
 from evokube_trainer.runtime.checkpoints import enable_compilation_cache
 from tests.cluster.controlplane import ControlPlane, wait_until
 from tests.helm.chart import operator_policies, operator_rbac, trainer_token_mode
@@ -22,11 +21,10 @@ from tests.operator.conftest import (
     service_account_kubeconfig,
 )
 
-# One XLA compilation cache for every one-process trainer the suite starts through `evokube run`
-# or the entry point (they inherit this environment; the e2e pods do not; a gang keeps its own:
-# runtime/trainer.py) and for what the tests compile in their own processes: kept between runs outside the repo, so a warm `make test`
-# loads the programs an earlier run compiled (docs/testing.md). Tests of where a run's own
-# cache goes, or of executables/ (which keeps no program the cache served), set it empty.
+# One XLA compilation cache for what the tests compile in their own processes (the learning
+# tests): kept between runs outside the repo, so a warm `make test` loads the programs an
+# earlier run compiled (docs/testing.md). The trainers the tests start as processes keep their
+# own, in their checkpoint location, as in a pod. The executables tests turn it off.
 CACHE = Path(os.environ.get("EVOKUBE_CACHE", Path.home() / ".cache" / "evokube"))
 XLA_TEST_CACHE = CACHE / "xla-tests"
 XLA_TEST_CACHE_BYTES = 4 << 30  # past this (programs change with the code), it starts over
@@ -38,9 +36,7 @@ def _bounded(cache: Path) -> Path:
     return cache
 
 
-os.environ.setdefault(contract.ENV_XLA_CACHE, str(_bounded(XLA_TEST_CACHE)))
-if os.environ[contract.ENV_XLA_CACHE]:
-    enable_compilation_cache(os.environ[contract.ENV_XLA_CACHE])
+enable_compilation_cache(_bounded(XLA_TEST_CACHE))
 
 # The longest files (minutes each on 2 cores), longest first: `make test` runs two workers and
 # keeps a file's tests in one, so a long file collected last would run alone at the end. Only

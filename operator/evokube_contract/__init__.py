@@ -89,9 +89,6 @@ ENV_METRICS_FD: Final = "EVOKUBE_METRICS_FD"
 ENV_LOG_LEVEL: Final = "EVOKUBE_LOG_LEVEL"  # a logging level's name; unset: INFO (USER_ENV)
 # Where the trainer writes why it failed; unset: TERMINATION_LOG (tests point it elsewhere).
 ENV_TERMINATION_LOG: Final = "EVOKUBE_TERMINATION_LOG"
-# Optional, outside a pod: one XLA compilation cache shared by every run on the machine (the test
-# suite sets it); unset: <checkpoint location>/xla-cache. Refused in spec.env.
-ENV_XLA_CACHE: Final = "EVOKUBE_XLA_CACHE_DIR"
 # A TPU gang's: libtpu's host list and multislice wiring (the trainer reads the slice pair too).
 TPU_ENV: Final = (
     ENV_TPU_WORKER_ID,
@@ -116,7 +113,6 @@ ENV_VARS: Final = (
     ENV_METRICS_FD,
     ENV_LOG_LEVEL,
     ENV_TERMINATION_LOG,
-    ENV_XLA_CACHE,
 )
 # Who sets what. The operator sets OPERATOR_ENV on every pod and OPERATOR_ENV_ON[type] on the
 # pods of that accelerator type; spec.env may set none of them, nor a name beginning with

@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import evokube_contract as contract
 from evokube_trainer.laptop.curves import read_history
 from evokube_trainer.runtime import exitcodes, objectstore
 from evokube_trainer.runtime.checkpoints import Checkpointer
@@ -113,7 +112,7 @@ def test_two_hosts_write_to_the_bucket_and_resume_there(store, tmp_path):
         interval=1,
         extra={"checkpoint": {"intervalGenerations": 1, "location": location}},
     )
-    env = {**emulator.env, contract.ENV_XLA_CACHE: ""}  # the cache's default place: the bucket
+    env = emulator.env
     first = start_run(tmp_path, doc, "--processes", "2", env=env)
     out, _ = first.communicate(timeout=600)
     assert first.returncode == 0, out

@@ -15,7 +15,6 @@ import pytest
 import yaml
 from jax.experimental.compilation_cache import compilation_cache
 
-import evokube_contract as contract
 from evokube_trainer.runtime.executables import ExecutableStore, build_time, fingerprint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -174,7 +173,6 @@ def test_a_resumed_run_loads_its_programs_and_trains_as_one_run(tmp_path):
             cwd=ROOT,
             check=True,
             capture_output=True,
-            env={**os.environ, contract.ENV_XLA_CACHE: ""},  # each run's own cache
         )
         return runs_dir / "stored"
 

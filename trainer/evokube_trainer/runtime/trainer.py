@@ -33,7 +33,6 @@ import numpy as np
 
 from evokube_contract import (
     CHECKPOINTS_SUBDIR,
-    ENV_XLA_CACHE,
     EXECUTABLES_SUBDIR,
     POLICIES_SUBDIR,
     XLA_CACHE_SUBDIR,
@@ -345,12 +344,7 @@ def train(
     checkpointer = None
     if checkpoint_dir:
         objectstore.prepare(checkpoint_dir)  # a bucket: its libraries, endpoint and access
-        # The machine's cache serves one-process runs only: in a gang, a process that loads a
-        # program another run compiled while its peers compile their own ran a different
-        # sequence of collectives (gloo: "collective mismatch"); a gang's processes fill and
-        # read their experiment's cache together.
-        shared = os.environ.get(ENV_XLA_CACHE) if jax.process_count() == 1 else None
-        enable_compilation_cache(shared or os.path.join(checkpoint_dir, XLA_CACHE_SUBDIR))
+        enable_compilation_cache(os.path.join(checkpoint_dir, XLA_CACHE_SUBDIR))
         checkpointer = Checkpointer(
             os.path.join(checkpoint_dir, CHECKPOINTS_SUBDIR),
             interval=config.checkpoint_interval,
