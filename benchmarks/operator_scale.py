@@ -254,6 +254,51 @@ def delete_all(plane: Cluster, pid: int, url: str) -> int:
     return ProcSampler(pid).rss()
 
 
+def prepare(plane: Cluster, namespace: str, largest: bool) -> None:
+    """The CRDs of crds/ installed and Established, and `namespace` with its default account;
+    with `largest`, what the largest experiment's nodeSelector, pod affinity and references
+    need of the nodes and the namespace."""
+    plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        crd = f"crd/{path.name.removesuffix('.yaml')}"
+        wait_until(lambda c=crd: plane.established(c), 60, f"{crd} to be Established")
+    plane.kubectl("create", "namespace", namespace)
+    plane.kubectl("wait", "--for=create", "--timeout=30s", "sa/default", "-n", namespace)
+    if largest:
+        labels = [f"{k}={v}" for k, v in NODE_LABELS.items()]
+        plane.kubectl("label", "nodes", "--all", "--overwrite", *labels)
+        listed = [f"{k}={v}" for k, v in namespace_annotations().items()]
+        plane.kubectl("annotate", "namespace", namespace, "--overwrite", *listed)
+
+
+class Operator:
+    """`evokube-operator` as a child process (admin credentials: RBAC is not what is
+    measured), its metrics URL and its log, which every start appends to."""
+
+    def __init__(self, plane: Cluster, log_path: Path, *args: str):
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self.command = [
+            str(Path(sys.executable).with_name("evokube-operator")),
+            f"--kubeconfig={plane.kubeconfig}",
+            f"--metrics-port={port}",
+            "--metrics-address=127.0.0.1",
+            "--leader-election-namespace=default",  # the Lease (a write every 2 s)
+            *args,
+        ]
+
+    def start(self) -> subprocess.Popen:
+        with self.log_path.open("a") as log:
+            return subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
+
+    def ready(self) -> bool:
+        try:
+            return urllib.request.urlopen(self.url + "/readyz", timeout=2).status == 200
+        except OSError:
+            return False
+
+
 def run_scale(n: int, args: argparse.Namespace) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix=f"evokube-scale-{n}-"))
     hosts = 1 if args.largest else HOSTS
@@ -263,44 +308,10 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
     plane = Cluster(workdir, *up)  # its nodes are Ready
     operator = None
     try:
-        plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-        crd = f"crd/{PLURAL}.{GROUP}"
-        wait_until(lambda: plane.established(crd), 60, "the CRD to be Established")
-        plane.kubectl("create", "namespace", NAMESPACE)
-        plane.kubectl("wait", "--for=create", "--timeout=30s", "sa/default", "-n", NAMESPACE)
-        if args.largest:  # what its nodeSelector, pod affinity and references need
-            labels = [f"{k}={v}" for k, v in NODE_LABELS.items()]
-            plane.kubectl("label", "nodes", "--all", "--overwrite", *labels)
-            listed = [f"{k}={v}" for k, v in namespace_annotations().items()]
-            plane.kubectl("annotate", "namespace", NAMESPACE, "--overwrite", *listed)
-
-        port = free_port()
-        log_path = workdir / "operator.log"
-        command = [
-            str(Path(sys.executable).with_name("evokube-operator")),
-            "--kubeconfig",
-            plane.kubeconfig,
-            "--metrics-port",
-            str(port),
-            "--metrics-address",
-            "127.0.0.1",
-            "--leader-election-namespace=default",  # the Lease (a write every 2 s)
-            *args.operator_args,
-        ]
-        url = f"http://127.0.0.1:{port}"
-
-        def start_operator() -> subprocess.Popen:
-            with log_path.open("a") as log:
-                return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-
-        def ready():
-            try:
-                return urllib.request.urlopen(url + "/readyz", timeout=2).status == 200
-            except OSError:
-                return False
-
-        operator = start_operator()
-        wait_until(ready, 60, f"the operator to become ready (log: {log_path})")
+        prepare(plane, NAMESPACE, args.largest)
+        launcher = Operator(plane, workdir / "operator.log", *args.operator_args)
+        operator = launcher.start()
+        wait_until(launcher.ready, 60, f"the operator to become ready (log: {launcher.log_path})")
         writes_before = apiserver_writes(plane)
 
         created: dict[str, float] = {}
@@ -374,10 +385,10 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
         # one-off look a gang that lacked pods gets JOB_EVENTS_GRACE_SECONDS after its Job
         # (up to 60 s).
         quiet_s = JOB_EVENTS_GRACE_SECONDS + 1.0
-        reconciles_before, quiet_since = reconcile_count(url), time.monotonic()
+        reconciles_before, quiet_since = reconcile_count(launcher.url), time.monotonic()
         while time.monotonic() - quiet_since < quiet_s and time.monotonic() - begin < settle_s + 60:
             time.sleep(0.5)
-            count = reconcile_count(url)
+            count = reconcile_count(launcher.url)
             if count != reconciles_before:
                 reconciles_before, quiet_since = count, time.monotonic()
 
@@ -391,7 +402,7 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
         with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
             list(pool.map(progress, range(n)))
         time.sleep(5.0)
-        progress_reconciles = reconcile_count(url) - reconciles_before
+        progress_reconciles = reconcile_count(launcher.url) - reconciles_before
         rss_loaded = sampler.rss()
         cpu_s, wall_s = sampler.stop()
         other_cpu = {name: other.stop()[0] / wall_s for name, other in others.items()}
@@ -401,7 +412,7 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
         for api in api_clients:
             api.close()
 
-        text = metrics_text(url + "/metrics")
+        text = metrics_text(launcher.url + "/metrics")
         requests: dict[str, float] = {}
         for labels, value in metric_samples(text, "evokube_operator_api_requests_total"):
             requests[labels["verb"]] = requests.get(labels["verb"], 0) + value
@@ -415,7 +426,7 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
         }
         exp_writes.pop("POST", None)  # the benchmark's own creates
         exp_writes["PATCH/status"] = exp_writes.get("PATCH/status", 0) - n  # and progress
-        log_text = log_path.read_text(errors="replace")
+        log_text = launcher.log_path.read_text(errors="replace")
         rss_restart = float("nan")
         print(
             f"# loaded: RSS start {rss_start / 2**20:.0f} MiB, peak {sampler.peak_rss / 2**20:.0f}"
@@ -425,21 +436,27 @@ def run_scale(n: int, args: argparse.Namespace) -> dict:
         if args.restart:  # a new leader lists every experiment, Job and pod, and reconciles all
             operator.terminate()
             operator.wait(60)
-            operator = start_operator()
+            operator = launcher.start()
             restarted = ProcSampler(operator.pid, interval=0.2)
             restarted.start()
             try:
-                wait_until(ready, 300, f"the restarted operator to become ready ({log_path})")
-                wait_quiet(url)
+                wait_until(
+                    launcher.ready,
+                    300,
+                    f"the restarted operator to become ready ({launcher.log_path})",
+                )
+                wait_quiet(launcher.url)
             except (OSError, RuntimeError) as err:  # it may lose its Lease under load, and exit
                 print(f"# the restarted operator failed: {err}", flush=True)
             restarted.stop_event.set()  # not stop(): its CPU time is gone with a dead process
             restarted.join()
             rss_restart = restarted.peak_rss
             if operator.poll() is not None:  # measure the deletion with a running one
-                operator = start_operator()
-                wait_until(ready, 300, f"the operator to become ready again ({log_path})")
-        rss_deleted = delete_all(plane, operator.pid, url) if args.delete else float("nan")
+                operator = launcher.start()
+                wait_until(
+                    launcher.ready, 300, f"the operator to become ready again ({launcher.log_path})"
+                )
+        rss_deleted = delete_all(plane, operator.pid, launcher.url) if args.delete else float("nan")
         to_job = [job_at[k] - created[k] for k in created if k in job_at]
         to_running = [running_at[k] - created[k] for k in created if k in running_at]
         return {

@@ -18,17 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-from benchmarks._common import REPO, free_port, load, print_header, print_row, wait_until
-from benchmarks.largest_experiment import NODE_LABELS, largest_experiment, namespace_annotations
-from benchmarks.operator_scale import Cluster, ProcSampler, wait_quiet
-from evokube_contract import API_VERSION, GROUP, PLURAL
+from benchmarks._common import load, print_header, print_row, wait_until
+from benchmarks.largest_experiment import largest_experiment
+from benchmarks.operator_scale import Cluster, Operator, ProcSampler, prepare, wait_quiet
+from evokube_contract import API_VERSION, PLURAL
 from evokube_contract.sweep import MAX_CHILDREN, SWEEP_KIND, SWEEP_LABEL, SWEEP_PLURAL
 
 NAMESPACE = "sweeps"
@@ -67,36 +64,10 @@ def run_sweeps(k: int, args: argparse.Namespace) -> dict:
     plane = Cluster(workdir, f"--pool-size=cpu={-(-k * args.max_parallel // 110) + 1}")
     operator = None
     try:
-        plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-        for crd in (f"crd/{PLURAL}.{GROUP}", f"crd/{SWEEP_PLURAL}.{GROUP}"):
-            wait_until(lambda c=crd: plane.established(c), 60, f"{crd} Established")
-        plane.kubectl("create", "namespace", NAMESPACE)
-        plane.kubectl("wait", "--for=create", "--timeout=30s", "sa/default", "-n", NAMESPACE)
-        labels = [f"{key}={value}" for key, value in NODE_LABELS.items()]
-        plane.kubectl("label", "nodes", "--all", "--overwrite", *labels)
-        listed = [f"{key}={value}" for key, value in namespace_annotations().items()]
-        plane.kubectl("annotate", "namespace", NAMESPACE, "--overwrite", *listed)
-
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        log_path = workdir / "operator.log"
-        command = [
-            str(Path(sys.executable).with_name("evokube-operator")),
-            f"--kubeconfig={plane.kubeconfig}",
-            f"--metrics-port={port}",
-            "--metrics-address=127.0.0.1",
-            "--leader-election-namespace=default",
-        ]
-        with log_path.open("a") as log:
-            operator = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-
-        def ready() -> bool:
-            try:
-                return urllib.request.urlopen(url + "/readyz", timeout=2).status == 200
-            except OSError:
-                return False
-
-        wait_until(ready, 60, f"the operator to become ready (log: {log_path})")
+        prepare(plane, NAMESPACE, largest=True)
+        launcher = Operator(plane, workdir / "operator.log")
+        operator = launcher.start()
+        wait_until(launcher.ready, 60, f"the operator to become ready (log: {launcher.log_path})")
         sampler = ProcSampler(operator.pid)
         rss_start = sampler.rss()
         sampler.start()
@@ -119,7 +90,7 @@ def run_sweeps(k: int, args: argparse.Namespace) -> dict:
             )
 
         wait_until(all_started, args.timeout, "every sweep's first children and status")
-        wait_quiet(url, 15.0)
+        wait_quiet(launcher.url, 15.0)
         rss_loaded = sampler.rss()
         plane.kubectl("delete", SWEEP_PLURAL, "--all", "-n", NAMESPACE, "--wait=false")
 
@@ -129,7 +100,7 @@ def run_sweeps(k: int, args: argparse.Namespace) -> dict:
             return not left.stdout.strip()
 
         wait_until(gone, 600, "the sweeps and their children to be deleted")
-        wait_quiet(url, 15.0)
+        wait_quiet(launcher.url, 15.0)
         sampler.stop()
         return {
             "sweeps": k,
