@@ -83,7 +83,9 @@ def served_kinds(kube: Kube) -> dict[str, bool]:
     return served
 
 
-async def rewatch_when_served_changes(memo: kopf.Memo, served: Mapping[str, bool]) -> None:
+async def rewatch_when_served_changes(
+    memo: kopf.Memo, kube: Kube, served: Mapping[str, bool]
+) -> None:
     """Every SERVED_CHECK_SECONDS, ask discovery again; once a kind of OPTIONAL_KINDS has
     come or gone since the watches started, stop Kopf as a SIGTERM would (reconciles drained,
     the Lease released) with `memo.rewatch` set: `cli.main` starts it again in the same
@@ -93,7 +95,7 @@ async def rewatch_when_served_changes(memo: kopf.Memo, served: Mapping[str, bool
         await asyncio.sleep(SERVED_CHECK_SECONDS)
         for kind, was in served.items():
             try:
-                now = await asyncio.to_thread(memo.kube.serves, kind)
+                now = await asyncio.to_thread(kube.serves, kind)
             except Exception as err:  # the API server away: asked again next time
                 log.debug("discovery of %s failed: %s", kind, err)
                 continue
@@ -144,9 +146,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
             may_write=lambda: elector.leading,
         )
     served = served_kinds(kube)
-    memo.kube = kube
     memo.served_check = asyncio.create_task(
-        rewatch_when_served_changes(memo, served), name="evokube-served-kinds"
+        rewatch_when_served_changes(memo, kube, served), name="evokube-served-kinds"
     )
     controller = Controller(
         Reconciler(

@@ -523,14 +523,16 @@ def mark_beside_plan(
             kind=kind,
         )
     except ApiError as err:
-        log.warning("%s/%s: condition %s not written: %s", *_key(body), condition.type, err)
+        log.warning(
+            "%s/%s: condition %s not written: %s",
+            meta["namespace"],
+            meta["name"],
+            condition.type,
+            err,
+        )
         return
     if not cond.is_true(old, condition.type):
         post_event(kube, body, "Warning", condition.reason, condition.message)
-
-
-def _key(body: Mapping[str, Any]) -> tuple[str, str]:
-    return body["metadata"]["namespace"], body["metadata"]["name"]
 
 
 def post_event(kube: Kube, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:

@@ -82,9 +82,7 @@ class SweepReconciler:
                 if err.status == 404:
                     self.forget(key)
                     return Outcome(None)
-                if err.status != 409 and not refused_write(err):
-                    raise
-                if err.status != 409:  # the whole status does not fit: what does, and why
+                if refused_write(err):  # the whole status does not fit: what does, and why
                     log.warning("%s/%s: sweep status refused: %s", *key, err)
                     plan = without_assignments(obs, plan, str(err))
                     try:
@@ -95,6 +93,8 @@ class SweepReconciler:
                     else:
                         memory.written_at = self.clock()
                         break
+                elif err.status != 409:
+                    raise
                 log.debug("%s/%s: sweep status conflict, reading again", *key)
                 body = sweep_body(self.kube.get(contract.SWEEP_KIND, *key))
                 continue
