@@ -28,6 +28,7 @@ from evokube_trainer.workflows import (
     ReplayConfig,
     SharedCriticState,
     StopAt,
+    add_member_steps,
     env_steps_count,
     jit_workflow,
     make_workflow,
@@ -298,7 +299,7 @@ def test_rollout_counts_steps_and_freezes_finished_episodes():
     # +1 per step: each return equals its episode length and its number of valid steps.
     np.testing.assert_array_equal(result.episode_returns, result.episode_lengths)
     np.testing.assert_array_equal(result.valid.sum(axis=0), result.episode_lengths)
-    assert int(result.env_steps) == int(result.episode_lengths.sum())
+    np.testing.assert_array_equal(result.env_steps, result.episode_lengths.sum(axis=1))  # [N]
     # The recorded states are the ones acted on, live from the reset to the one that ended it.
     np.testing.assert_array_equal(result.states.obs, result.transitions.obs)
     live = (result.states.info["frozen"] == 0).sum(axis=0)  # [N, K]
@@ -544,6 +545,28 @@ def test_env_steps_count_past_the_int32_range_and_stop_there(tiny_erl):
     )
     assert int(done) == 3  # 240, 480 (< 510 to go), 720
     assert int(env_steps_count(state)) == ENV_STEPS_WORD - 10 + 720
+
+
+@pytest.mark.parametrize(
+    "members, steps_each",
+    [
+        (2**20, 10**8),  # a million members, 1000 episodes of 1e5 steps each: 1e14 steps
+        (2**20 + 1024, 2**30 - 1),  # the largest population and K agents, every limb full
+        (3, 1),
+    ],
+)
+def test_a_generation_of_a_million_members_adds_its_steps_exactly(members, steps_each):
+    # A float32 sum loses counts past 2**24 and one int32 sum wraps past 2**31: the generation's
+    # steps go into the two-word count exactly whatever the population.
+    rng = np.random.default_rng(0)
+    steps = np.minimum(rng.integers(steps_each // 2, steps_each + 1, members), steps_each)
+    start = 7 * ENV_STEPS_WORD + ENV_STEPS_WORD - 3  # the low word about to carry
+    high, low = divmod(start, ENV_STEPS_WORD)
+    high, low = jax.jit(add_member_steps)(
+        jnp.int32(high), jnp.int32(low), jnp.asarray(steps, jnp.int32)
+    )
+    assert 0 <= int(low) < ENV_STEPS_WORD
+    assert int(high) * ENV_STEPS_WORD + int(low) == start + int(steps.astype(np.int64).sum())
 
 
 def test_learn_reports_env_steps_past_the_int32_range(tiny_erl):

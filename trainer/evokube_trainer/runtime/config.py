@@ -18,6 +18,10 @@ from evokube_trainer.runtime.algorithms import ALGORITHMS, Algorithm
 from evokube_trainer.runtime.manifest import FieldError, ManifestError
 from evokube_trainer.workflows import WorkflowConfig, make_optimizer, to_env_config
 
+# The device counts generations in int32: every run ends here, whatever its stopping rules
+# say, so the counter and a chunk past it stay below 2**31. The CRD's maximum of maxGenerations.
+GENERATION_LIMIT = 2_000_000_000
+
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
@@ -44,6 +48,11 @@ class RunConfig:
     grace_s: float = 30.0
     # Replicas trained as one program (spec.seeds): replica i's root seed is seed + i.
     seeds: int = 1
+
+    @property
+    def generation_limit(self) -> int:
+        """The generation the run ends at, at the latest: maxGenerations, else GENERATION_LIMIT."""
+        return self.max_generations or GENERATION_LIMIT
 
 
 def _ec_options(algorithm: Algorithm, ec: Mapping[str, Any], pop: int, source: str) -> dict:

@@ -141,8 +141,10 @@ def local_stop_code(
 ) -> tuple[int, str]:
     if flags.preempted:
         return STOP_PREEMPTED, f"preempted ({flags.signal_name or 'SIGTERM'})"
-    if config.max_generations and metrics[names.GENERATION] >= config.max_generations:
-        return STOP_DONE, f"reached maxGenerations={config.max_generations}"
+    if metrics[names.GENERATION] >= config.generation_limit:
+        if config.max_generations:
+            return STOP_DONE, f"reached maxGenerations={config.max_generations}"
+        return STOP_DONE, f"reached {config.generation_limit} generations, the most a run counts"
     if config.max_env_steps and metrics[names.ENV_STEPS] >= config.max_env_steps:
         return STOP_DONE, f"reached maxEnvSteps={config.max_env_steps}"
     best = metrics.get(names.BEST_FITNESS)
@@ -209,8 +211,7 @@ class _Generations:
         state: never past maxGenerations or a checkpoint that is due; one at a time while
         generations are long; otherwise as many as the agreed `next_chunk`."""
         count = self.next_chunk
-        if self.config.max_generations:
-            count = min(count, self.config.max_generations - generation)
+        count = min(count, self.config.generation_limit - generation)
         if self.checkpointer is not None:
             interval = self.checkpointer.interval
             count = min(count, interval - generation % interval)
@@ -426,7 +427,7 @@ def train(
     # With several seeds these are [seeds]: the generation is every replica's, the env steps
     # (as the stopping rules read them) the most any replica took.
     generation, env_steps = int(np.max(state.generation)), int(np.max(env_steps_count(state)))
-    if (config.max_generations and generation >= config.max_generations) or (
+    if generation >= config.generation_limit or (
         config.max_env_steps and env_steps >= config.max_env_steps
     ):
         return Outcome(exitcodes.SUCCESS, generation, "the checkpoint already met the criteria")

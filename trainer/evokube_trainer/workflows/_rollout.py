@@ -55,7 +55,9 @@ ExploreFn = Callable[[Params, Array, Array, Array], Array]
 class RolloutResult:
     episode_returns: Array  # [N, K] undiscounted, unscaled return of each episode
     episode_lengths: Array  # [N, K] int32 agent steps until the episode ended
-    env_steps: Array  # [] int32 agent steps actually taken (frozen envs excluded)
+    # [N] int32 agent steps each member actually took (frozen envs excluded); at most T * K
+    # (< 2**30 within the CRD's bounds), summed into the two-word count by `add_member_steps`
+    env_steps: Array
     transitions: Transition | None  # leaves [T, N, K, ...] when collected, else None
     valid: Array | None  # [T, N, K] float32 1 where a transition really happened
     # per member, the raw observations it acted on (count [N], mean and m2 [N, obs_dim]) when
@@ -192,7 +194,7 @@ class PopulationRollout:
         return RolloutResult(
             episode_returns=final.info["episode_return"],  # [N, K]
             episode_lengths=final.info["episode_length"],  # [N, K]
-            env_steps=jnp.sum(valid).astype(jnp.int32),
+            env_steps=jnp.sum(valid.astype(jnp.int32), axis=(0, 2)),  # [N], exact in int32
             transitions=transitions,  # [T, N, K, ...] or None
             valid=valid if collect_transitions else None,  # [T, N, K]
             obs_stats=seen,  # [N] or None

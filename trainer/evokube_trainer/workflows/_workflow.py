@@ -91,8 +91,9 @@ EVALUATED = "evaluated"
 # Env steps are counted on the device in two int32 words (jax runs without x64, and one chip
 # passes 2**31 agent steps within the hour: Brax at 0.7M steps/s, 8 seeds of a small ES at
 # 60M each): `WorkflowState.env_steps` holds the count below ENV_STEPS_WORD and
-# `env_steps_high` the whole ENV_STEPS_WORDs. One generation adds at most 1e9 < 2**30 steps
-# (the CRD's bound), so the low word never overflows before it carries.
+# `env_steps_high` the whole ENV_STEPS_WORDs. A generation's steps are summed into it exactly
+# from each member's count (`add_member_steps`), so a generation of a million members may take
+# more than 2**31 steps.
 ENV_STEPS_WORD = 2**30
 
 
@@ -244,8 +245,11 @@ class Workflow:
         if warm_up and self.warmup_env is not None and self.warmup_steps_per_env > 0:
             transitions = random_transitions(self.warmup_env, self.warmup_steps_per_env, warmup_key)
             replay = self.buffer.add(replay, transitions)
-            num_random = self.warmup_steps_per_env * self.warmup_env.num_envs  # <= 1e8
-            state = state.replace(env_steps=jnp.asarray(num_random, jnp.int32))
+            num_random = self.warmup_steps_per_env * self.warmup_env.num_envs
+            high, low = divmod(num_random, ENV_STEPS_WORD)
+            state = state.replace(
+                env_steps_high=jnp.asarray(high, jnp.int32), env_steps=jnp.asarray(low, jnp.int32)
+            )
             if obs_stats is not None:  # as EvoRL's ERL: the warm-up seeds the statistics
                 state = state.replace(obs_stats=update_running_stats(obs_stats, transitions.obs))
         return state.replace(learner=self.learner.init(learner_key), replay=replay)
@@ -339,7 +343,7 @@ class Workflow:
                     "fitness_max": jnp.max(actor_fitness),
                     "fitness_mean": jnp.mean(actor_fitness),
                 }
-        env_steps_high, env_steps = add_env_steps(
+        env_steps_high, env_steps = add_member_steps(
             state.env_steps_high, state.env_steps, result.env_steps
         )
         state = WorkflowState(
@@ -659,6 +663,24 @@ def add_env_steps(high: Array, low: Array, new: Array) -> tuple[Array, Array]:
     """The two-word env-step count `(high, low)` plus `new` steps (`new` < 2**30)."""
     low = low + new  # < 2**31: both terms are below 2**30
     return high + low // ENV_STEPS_WORD, low % ENV_STEPS_WORD
+
+
+# `add_member_steps` sums members' counts (each < 2**30) in three limbs of this many bits, so
+# that each limb's sum over up to 2**21 members stays below 2**31.
+_LIMB_BITS = 10
+
+
+def add_member_steps(high: Array, low: Array, member_steps: Array) -> tuple[Array, Array]:
+    """The two-word count `(high, low)` plus the sum of `member_steps` (`[N]` int32, each
+    < 2**30, N <= 2**21), exact in int32: a million members' steps overflow one int32 sum."""
+    mask = (1 << _LIMB_BITS) - 1
+    for limb in range(3):  # steps = sum over limbs of part * 2**(10 * limb)
+        part = jnp.sum((member_steps >> (_LIMB_BITS * limb)) & mask)  # < 2**31
+        # part * 2**shift, split into whole words and the rest below a word
+        shift = _LIMB_BITS * limb
+        whole, rest = part >> (30 - shift), part & ((1 << (30 - shift)) - 1)
+        high, low = add_env_steps(high + whole, low, rest << shift)
+    return high, low
 
 
 def env_steps_reached(high: Array, low: Array, stop_at: StopAt) -> Array:
