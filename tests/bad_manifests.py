@@ -592,7 +592,9 @@ BAD_MANIFESTS += [
             "spec.activeDeadlineSeconds": 2**63 - 1,
             "spec.ttlSecondsAfterFinished": 315360001,
             "spec.stopping.maxWallClockSeconds": 2**62,
-            "spec.stopping.maxGenerations": 2**31,
+            "spec.stopping.maxGenerations": 2 * 10**9 + 1,
+            "spec.checkpoint.intervalGenerations": 2 * 10**9 + 1,
+            "spec.evaluation.intervalGenerations": 2 * 10**9 + 1,
             "spec.stopping.maxEnvSteps": 2**53 + 1,  # past what JSON carries exactly
             "spec.algorithm.rl.replayCapacity": 10**9,
             "spec.algorithm.rl.batchSize": 65537,
@@ -609,21 +611,20 @@ BAD_MANIFESTS += [
         }.items()
     ],
     BadManifest(
-        "more than 1e9 agent steps per generation",
+        "more than 2e9 agent steps per generation into the replay",
         {
             "spec.population.size": 65536,
-            "spec.environment.episodesPerEvaluation": 20,
+            "spec.environment.episodesPerEvaluation": 40,
             "spec.environment.episodeLength": 1000,
         },
         "spec.population.size",
     ),
     BadManifest(
-        "more than 1e9 agent steps per generation at the env's own 2500-step limit",
+        "more than 2e9 replay steps per generation at the env's own 2500-step limit",
         {
-            "spec.algorithm": {"name": "openes"},
             "spec.population.size": 65536,
             "spec.environment.name": "gymnax/Freeway-MinAtar",
-            "spec.environment.episodesPerEvaluation": 7,
+            "spec.environment.episodesPerEvaluation": 13,
         },
         "spec.population.size",
     ),
@@ -749,13 +750,23 @@ GOOD_MANIFESTS = [
     GoodManifest("a 2e9-step budget", {"spec.stopping": {"maxEnvSteps": 2 * 10**9}}),
     GoodManifest("a 1e12-step budget", {"spec.stopping": {"maxEnvSteps": 10**12}}),
     GoodManifest(
+        "a million members, 7 episodes of the env's own 2500 steps, no replay: 1.8e10 steps a "
+        "generation, summed exactly",
+        {
+            "spec.algorithm": {"name": "openes"},
+            "spec.population.size": 2**20,
+            "spec.environment.name": "gymnax/Freeway-MinAtar",
+            "spec.environment.episodesPerEvaluation": 7,
+        },
+    ),
+    GoodManifest(
         "largest allowed integers",
         {
             "spec.seed": 2**32 - 1,
             "spec.activeDeadlineSeconds": 315360000,
             "spec.ttlSecondsAfterFinished": 315360000,
             "spec.stopping": {
-                "maxGenerations": 10**9,
+                "maxGenerations": 2 * 10**9,
                 "maxEnvSteps": 2**53,
                 "maxWallClockSeconds": 315360000,
             },
@@ -768,6 +779,8 @@ GOOD_MANIFESTS = [
             },
             "spec.environment.episodeLength": 100000,
             "spec.checkpoint.keep": 100,
+            "spec.checkpoint.intervalGenerations": 2 * 10**9,
+            "spec.evaluation.intervalGenerations": 2 * 10**9,
             "spec.distributed": {
                 "initializationTimeoutSeconds": 86400,
                 "heartbeatTimeoutSeconds": 86400,
