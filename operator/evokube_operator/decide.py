@@ -719,8 +719,9 @@ def _queued(
     elif spec.queue_name:
         reason = api.REASON_NO_WORKLOAD
         message = (
-            f"Job {job.name} waits, and Kueue has no Workload for it: is Kueue installed, "
-            f"and does LocalQueue {spec.queue_name} exist in namespace {step.exp.namespace}?"
+            f"{job.kind} {job.name} waits, and Kueue has no Workload for it: is Kueue installed "
+            f"with its {api.KUEUE_FRAMEWORKS[job.kind]} integration, and does LocalQueue "
+            f"{spec.queue_name} exist in namespace {step.exp.namespace}?"
         )
     else:
         reason = api.REASON_NO_WORKLOAD

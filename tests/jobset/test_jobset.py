@@ -1,5 +1,6 @@
 """The real JobSet controller places multislice TPU work on the kwok node pools, and the
-real Kueue admits a queued JobSet as one workload (no evokube operator).
+real Kueue admits a queued JobSet as one workload (without the operator, then with it: the
+multislice example of docs/kueue.md).
 
 The test cluster has two 4x4 v5e slices (tests/cluster/nodes.yaml: pools tpu and tpu-b,
 4 hosts of 4 chips each). A JobSet of 2 replicated Jobs x 2 pods of 4 chips fits either
@@ -11,8 +12,10 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes import client
 
 from tests.cluster.controlplane import NODE_POOL_LABEL, read_versions, wait_until
@@ -28,6 +31,7 @@ from tests.cluster.jobset import (
 from tests.cluster.kueue import KueueSettings
 from tests.kueue.helpers import QUEUE_LABEL, is_true, workload_of, workloads
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "kueue"
 TPU_HOST = {"google.com/tpu": "4", "cpu": "1", "memory": "1Gi"}
 SLICES, HOSTS = 2, 2
 
@@ -146,3 +150,55 @@ def test_kueue_admits_a_queued_jobset_as_one_workload(kueue_jobsets, kueue_objec
         lambda: running(api, namespace, "queued", SLICES * HOSTS), 90, "the queued JobSet's pods"
     )
     assert set().union(*pools_by_job(api, pods).values()) == {"tpu-v5e-4x4"}
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    "kueue_settings", [KueueSettings(frameworks=("batch/job", f"{GROUP}/jobset"))]
+)
+def test_the_multislice_queue_example_is_admitted_as_one_workload(
+    kueue_jobsets, k8s, cluster, api, namespace
+):
+    """docs/kueue.md, "Multislice", as written: examples/kueue/ applied with the operator. The
+    two-slice experiment's JobSet is one Workload holding both slices' 32 chips, admitted whole;
+    then every host of both slices runs, each slice on a pool of its own."""
+    queues = EXAMPLES / "queues.yaml"
+    example = EXAMPLES / "tpu-multislice-experiment.yaml"
+    name = yaml.safe_load(example.read_text())["metadata"]["name"]
+    cluster.kubectl("apply", "-n", namespace, "-f", str(queues))
+    try:
+        cluster.kubectl("apply", "-n", namespace, "-f", str(example))
+        pods = k8s.wait(
+            lambda: (
+                (up := [p for p in k8s.pods(namespace, name) if p.status.phase == "Running"])
+                and len(up) == 8
+                and up
+            ),
+            "8 hosts of both slices running",
+            timeout=120,
+        )
+        status = k8s.wait_phase(namespace, name, "Running", timeout=60)
+        assert (status["slices"], status["hosts"]) == (2, 8)
+        assert k8s.condition(namespace, name, "Queued")["reason"] == "Admitted"
+        (workload,) = workloads(api, namespace)
+        owner = workload["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["name"]) == ("JobSet", status["jobName"])
+        assert [(s["name"], s["count"]) for s in workload["spec"]["podSets"]] == [("slice", 8)]
+        (assignment,) = workload["status"]["admission"]["podSetAssignments"]
+        assert assignment["flavors"]["google.com/tpu"] == "tpu-v5e-4x4"
+        assert assignment["resourceUsage"]["google.com/tpu"] == "32"
+        # The queue is the JobSet's: Kueue would see each Job as a workload of its own otherwise.
+        group, version = API_VERSION.split("/")
+        made = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            group, version, namespace, "jobsets", status["jobName"]
+        )
+        assert made["metadata"]["labels"][QUEUE_LABEL] == "research"
+        assert not [j for j in k8s.jobs(namespace, name) if QUEUE_LABEL in j.metadata.labels]
+        pools = pools_by_job(api, pods)
+        assert all(len(p) == 1 for p in pools.values()) and len(set().union(*pools.values())) == 2
+    finally:
+        cluster.kubectl("delete", "erlx", name, "-n", namespace, "--ignore-not-found")
+        k8s.wait(lambda: not k8s.pods(namespace, name), "the gang to be gone", timeout=60)
+        cluster.kubectl(
+            "delete", "-n", namespace, "-f", str(queues), "--ignore-not-found", "--timeout=60s"
+        )

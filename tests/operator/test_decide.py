@@ -493,12 +493,17 @@ def test_a_suspended_job_asks_what_kueue_says_then_shows_it_as_queued():
     assert (plan.status.preemptions, plan.status.restarts, plan.delete_jobs) == (0, 0, ())
 
 
-def test_no_workload_names_the_local_queue_to_check():
-    obs = observe(queued_status(), [job(0, suspended=True)], queueName="tpu-q")
+@pytest.mark.parametrize(
+    ("kind", "integration"), [("Job", "batch/job"), ("JobSet", "jobset.x-k8s.io/jobset")]
+)
+def test_no_workload_names_the_local_queue_and_kueue_integration_to_check(kind, integration):
+    held = replace(job(0, suspended=True), kind=kind)
+    obs = observe(queued_status(), [held], queueName="tpu-q")
     plan = decide(replace(obs, queue=QueueView(False)))
     queued = find(plan.status.conditions, api.COND_QUEUED)
     assert queued["reason"] == api.REASON_NO_WORKLOAD
-    assert "LocalQueue tpu-q" in queued["message"] and "Kueue" in queued["message"]
+    assert "LocalQueue tpu-q" in queued["message"] and f"{kind} demo-0 waits" in queued["message"]
+    assert f"Kueue installed with its {integration} integration" in queued["message"]
 
 
 def test_admission_clears_queued_and_the_gang_runs():

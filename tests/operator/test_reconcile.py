@@ -526,7 +526,7 @@ PENDING_WORKLOAD = {
     ("workloads", "reason", "said"),
     [
         ([PENDING_WORKLOAD], "Pending", "insufficient unused quota"),
-        (None, api.REASON_NO_WORKLOAD, "is Kueue installed"),
+        (None, api.REASON_NO_WORKLOAD, "is Kueue installed with its batch/job integration"),
     ],
 )
 def test_a_queued_job_shows_what_kueue_says_read_at_most_once_per_interval(workloads, reason, said):
