@@ -29,7 +29,8 @@ WORKDIR /home/evokube
 FROM python AS metadata
 WORKDIR /src
 COPY pyproject.toml constraints.txt docker/install-dependencies.sh ./
-RUN mkdir -p operator/evokube_contract operator/evokube_operator trainer/evokube_trainer crds \
+RUN mkdir -p operator/evokube_contract operator/evokube_operator operator/evokube_sweeps \
+    trainer/evokube_trainer crds \
     && touch README.md crds/erlexperiments.evokube.io.yaml crds/erlsweeps.evokube.io.yaml \
     && python3 -m venv /tmp/build \
     && /tmp/build/bin/pip wheel --no-deps --wheel-dir /metadata . \

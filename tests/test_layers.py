@@ -12,6 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 SOURCES = {
     "evokube_contract": REPO / "operator",
     "evokube_operator": REPO / "operator",
+    "evokube_sweeps": REPO / "operator",
     "evokube_trainer": REPO / "trainer",
 }
 # Top-level packages whose __init__ is a part of its own (version, docstring): each of their
@@ -21,6 +22,7 @@ HALVES = {"evokube_operator", "evokube_trainer"}
 # Each half's parts, lowest layer first. A part is a package (all its modules) or one module.
 TRAINER = (
     ("evokube_contract", "evokube_trainer"),  # the operator-trainer contract; the version
+    ("evokube_sweeps",),  # what a sweep does, shared with the operator
     ("evokube_trainer.metric_names",),  # the metrics' names, spelled once
     ("evokube_trainer.utils", "evokube_trainer.replay", "evokube_trainer.recorders"),
     ("evokube_trainer.envs", "evokube_trainer.agents", "evokube_trainer.ec"),  # pure JAX parts
@@ -33,6 +35,7 @@ TRAINER = (
 )
 OPERATOR = (
     ("evokube_contract", "evokube_operator"),
+    ("evokube_sweeps",),  # what a sweep does, shared with the laptop's `evokube sweep`
     ("evokube_operator.api", "evokube_operator.conditions", "evokube_operator.util"),
     ("evokube_operator.placement", "evokube_operator.spec"),  # the spec, read into values
     ("evokube_operator.observe", "evokube_operator.ownership"),  # what the watches saw
@@ -52,7 +55,7 @@ OPERATOR = (
 
 
 def modules() -> dict[str, Path]:
-    """Every module of the three packages, by dotted name."""
+    """Every module of the four packages, by dotted name."""
     found = {}
     for package, root in SOURCES.items():
         for path in sorted((root / package).rglob("*.py")):

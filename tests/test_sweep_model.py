@@ -1,7 +1,8 @@
-"""The sweep contract (evokube_contract/sweep.py) and the offline checks of an ERLSweep: how a sweep
-expands, names and builds its children, refuses what cannot expand (naming the field), and sums
-up its children's outcomes. No cluster: tests/operator/test_sweep_crd.py has the API server's
-side of tests/bad_sweeps.py, tests/laptop/test_sweep.py the local runs."""
+"""What a sweep does (evokube_sweeps; its names in evokube_contract/sweep.py) and the offline
+checks of an ERLSweep: how a sweep expands, names and builds its children, refuses what cannot
+expand (naming the field), and sums up its children's outcomes. No cluster:
+tests/operator/test_sweep_crd.py has the API server's side of tests/bad_sweeps.py,
+tests/laptop/test_sweep.py the local runs."""
 
 import json
 import math
@@ -13,6 +14,7 @@ import pytest
 import yaml
 from scipy import stats
 
+import evokube_sweeps as sweeps
 from evokube_contract import sweep
 from evokube_trainer import generate
 from evokube_trainer.laptop import cli
@@ -35,7 +37,7 @@ def spec(*parameters: dict, **fields) -> dict:
 
 # -- expansion ----------------------------------------------------------------------------------
 def test_the_grid_varies_the_first_parameter_slowest():
-    children = sweep.expand(
+    children = sweeps.expand(
         spec({"path": LR, "values": [1, 2, 3]}, {"path": SIZE, "values": [8, 16]})
     )
     assert children == [{LR: lr, SIZE: size} for lr in (1, 2, 3) for size in (8, 16)]
@@ -44,7 +46,7 @@ def test_the_grid_varies_the_first_parameter_slowest():
 
 def test_the_grid_is_crossed_with_the_same_draws_at_every_point():
     drawn = {"path": TAU, "distribution": {"type": "uniform", "low": 0.0, "high": 1.0}}
-    children = sweep.expand(spec(drawn, {"path": LR, "values": [1, 2, 3]}, samples=4, seed=7))
+    children = sweeps.expand(spec(drawn, {"path": LR, "values": [1, 2, 3]}, samples=4, seed=7))
     assert len(children) == 12
     draws = [c[TAU] for c in children[:4]]
     assert len(set(draws)) == 4 and all(0 <= d < 1 for d in draws)
@@ -52,7 +54,7 @@ def test_the_grid_is_crossed_with_the_same_draws_at_every_point():
 
 
 def test_samples_count_only_with_a_drawn_parameter():
-    assert len(sweep.expand(spec({"path": LR, "values": [1, 2]}, samples=5))) == 2
+    assert len(sweeps.expand(spec({"path": LR, "values": [1, 2]}, samples=5))) == 2
 
 
 def test_draws_follow_the_seed_in_every_process():
@@ -61,10 +63,10 @@ def test_draws_follow_the_seed_in_every_process():
         {"path": SIZE, "distribution": {"type": "intUniform", "low": 4, "high": 6}},
         {"path": "spec.algorithm.name", "distribution": {"type": "choice", "choices": ["a", "b"]}},
     ]
-    mine = sweep.expand(spec(*parameters, samples=30, seed=3))
+    mine = sweeps.expand(spec(*parameters, samples=30, seed=3))
     code = (
-        "import json, sys; from evokube_contract import sweep; "
-        "print(json.dumps(sweep.expand(json.loads(sys.argv[1]))))"
+        "import json, sys; import evokube_sweeps; "
+        "print(json.dumps(evokube_sweeps.expand(json.loads(sys.argv[1]))))"
     )
     other = subprocess.run(
         [sys.executable, "-c", code, json.dumps(spec(*parameters, samples=30, seed=3))],
@@ -74,7 +76,7 @@ def test_draws_follow_the_seed_in_every_process():
         env={"PYTHONPATH": str(REPO / "operator"), "PYTHONHASHSEED": "123"},
     )
     assert json.loads(other.stdout) == mine
-    assert mine != sweep.expand(spec(*parameters, samples=30, seed=4))
+    assert mine != sweeps.expand(spec(*parameters, samples=30, seed=4))
     assert all(1e-5 <= c[LR] <= 1e-2 and c[LR] == float(f"{c[LR]:.6g}") for c in mine)
     assert {c[SIZE] for c in mine} == {4, 5, 6}  # both ends included
     assert {c["spec.algorithm.name"] for c in mine} == {"a", "b"}
@@ -82,13 +84,13 @@ def test_draws_follow_the_seed_in_every_process():
 
 def test_an_expansion_over_the_cap_is_refused_naming_the_parameters():
     axis = {"path": LR, "values": list(range(16))}
-    assert len(sweep.expand(spec(axis, {"path": SIZE, "values": list(range(16))}))) == 256
+    assert len(sweeps.expand(spec(axis, {"path": SIZE, "values": list(range(16))}))) == 256
     drawn = {"path": TAU, "distribution": {"type": "uniform", "low": 0, "high": 1}}
-    with pytest.raises(sweep.SweepError, match="expands to 257 children, more than 256") as err:
-        sweep.expand(spec({"path": LR, "values": [1]}, drawn, samples=257))
+    with pytest.raises(sweeps.SweepError, match="expands to 257 children, more than 256") as err:
+        sweeps.expand(spec({"path": LR, "values": [1]}, drawn, samples=257))
     assert err.value.field == "spec.parameters"
-    with pytest.raises(sweep.SweepError, match="512 children"):
-        sweep.expand(spec(axis, {"path": SIZE, "values": list(range(32))}))
+    with pytest.raises(sweeps.SweepError, match="512 children"):
+        sweeps.expand(spec(axis, {"path": SIZE, "values": list(range(32))}))
 
 
 @pytest.mark.parametrize(
@@ -117,8 +119,8 @@ def test_an_expansion_over_the_cap_is_refused_naming_the_parameters():
     ],
 )  # fmt: skip
 def test_what_cannot_expand_is_refused_naming_the_field(parameters, field):
-    with pytest.raises(sweep.SweepError) as err:
-        sweep.expand(spec(*parameters))
+    with pytest.raises(sweeps.SweepError) as err:
+        sweeps.expand(spec(*parameters))
     assert err.value.field == field and str(err.value).startswith(f"{field}: ")
 
 
@@ -174,7 +176,7 @@ def test_the_generated_path_lists_and_template_schema_are_up_to_date():
 def test_a_child_is_the_template_with_its_assignment_labelled_as_the_sweeps():
     doc = with_changes({"metadata.namespace": "ml", "spec.queueName": "team-a"}, SWEEP)
     before = json.dumps(doc)
-    child = sweep.child_manifest(doc, 3, {LR: 0.01, "spec.algorithm.ec": {"noiseStd": 0.1}})
+    child = sweeps.child_manifest(doc, 3, {LR: 0.01, "spec.algorithm.ec": {"noiseStd": 0.1}})
     assert json.dumps(doc) == before  # the sweep is not changed
     assert child["apiVersion"] == "evokube.io/v1alpha1" and child["kind"] == "ERLExperiment"
     assert child["metadata"]["name"] == "ok-3" and child["metadata"]["namespace"] == "ml"
@@ -200,10 +202,10 @@ def test_a_child_is_the_template_with_its_assignment_labelled_as_the_sweeps():
 def test_the_longest_sweep_name_gives_valid_children_multislice_too():
     doc = with_changes({"metadata.name": "s" * sweep.MAX_SWEEP_NAME}, SWEEP)
     doc["spec"]["template"]["spec"] = with_changes(MULTISLICE, BASE)["spec"]
-    child = sweep.child_manifest(doc, sweep.MAX_CHILDREN - 1, {})
-    assert child["metadata"]["name"] == sweep.child_name("s" * sweep.MAX_SWEEP_NAME, 255)
+    child = sweeps.child_manifest(doc, sweep.MAX_CHILDREN - 1, {})
+    assert child["metadata"]["name"] == sweeps.child_name("s" * sweep.MAX_SWEEP_NAME, 255)
     assert manifest.check(child)[1] == []
-    longer = sweep.child_manifest(with_changes({"metadata.name": "s" * 40}, doc), 255, {})
+    longer = sweeps.child_manifest(with_changes({"metadata.name": "s" * 40}, doc), 255, {})
     assert "metadata.name" in {e.path for e in manifest.check(longer)[1]}
 
 
@@ -230,7 +232,7 @@ def test_the_summary_gives_each_configuration_its_mean_and_t_interval():
         child("s-2", 2, "Running"),
         {"metadata": {"name": "s-3", "labels": {sweep.SWEEP_INDEX_LABEL: "3"}}},
     ]
-    summary = sweep.summarize(children)
+    summary = sweeps.summarize(children)
     assert summary["counts"] == {"Succeeded": 2, "Running": 1}
     first, second, running, new = summary["configurations"]
     assert first == {
@@ -251,7 +253,7 @@ def test_the_summary_gives_each_configuration_its_mean_and_t_interval():
 
 
 def test_a_summary_of_nothing_reported_has_no_best():
-    assert sweep.summarize([child("s-0", 0, None)]) == {
+    assert sweeps.summarize([child("s-0", 0, None)]) == {
         "counts": {},
         "configurations": [{"name": "s-0", "assignment": {LR: 0}}],
     }
@@ -259,7 +261,7 @@ def test_a_summary_of_nothing_reported_has_no_best():
 
 def test_the_t_quantiles_match_scipy():
     for df in range(1, 64):
-        assert sweep.t975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=2e-4), df
+        assert sweeps.t975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=2e-4), df
 
 
 # -- a local run's outcome, in the shape of status.progress.seeds --------------------------------
@@ -280,7 +282,7 @@ def test_local_seeds_read_per_replica_columns_or_the_run_itself():
 
 
 def test_the_table_marks_the_best_configuration():
-    summary = sweep.summarize(
+    summary = sweeps.summarize(
         [child("s-0", 0, "Succeeded", (1.0, 1.0)), child("s-1", 1, "Failed", (2.0, 0.5))]
     )
     lines = table({**summary, "children": 2}).splitlines()

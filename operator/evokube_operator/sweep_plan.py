@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+import evokube_sweeps as sweeps
 from evokube_contract import sweep as contract
 from evokube_operator import api
 from evokube_operator import conditions as cond
@@ -74,7 +75,7 @@ class Children:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for index, assignment in self.assignments:
-            manifest = contract.child_manifest(self.sweep, index, assignment)
+            manifest = sweeps.child_manifest(self.sweep, index, assignment)
             manifest["metadata"]["ownerReferences"] = [owner_reference(self.sweep)]
             yield manifest
 
@@ -114,13 +115,13 @@ def plan_sweep(obs: SweepObservation) -> SweepPlan:
     if old.get("phase") == api.INVALID and old.get("observedGeneration") == generation:
         return SweepPlan(old, {})  # until the spec changes
     try:
-        assignments = tuple(enumerate(contract.expand(sweep["spec"])))
-    except contract.SweepError as err:
+        assignments = tuple(enumerate(sweeps.expand(sweep["spec"])))
+    except sweeps.SweepError as err:
         return _invalid(obs, old, api.REASON_INVALID_SPEC, str(err))
     refused = obs.refused
     if refused is not None and refused.final:
         return _invalid(obs, old, refused.reason, refused.message)
-    names = [contract.child_name(meta["name"], index) for index, _ in assignments]
+    names = [sweeps.child_name(meta["name"], index) for index, _ in assignments]
     owned = {c.name: c for c in obs.children if c.owner_uid == meta["uid"]}
     foreign = {c.name for c in obs.children if c.owner_uid != meta["uid"] and c.name in names}
     foreign |= {c.name for c in obs.conflicts}
@@ -153,13 +154,13 @@ def _finished_configurations(old: Mapping[str, Any]) -> dict[str, dict[str, Any]
 
 def _status(sweep, generation, names, owned, recorded) -> dict[str, Any]:
     """The summary of the children there, and the last one written of finished ones gone."""
-    summary = contract.summarize([owned[n].body() for n in names if n in owned])
+    summary = sweeps.summarize([owned[n].body() for n in names if n in owned])
     present = {c["name"]: _bounded(c) for c in summary["configurations"]}
     configurations = [present.get(n) or recorded[n] for n in names if n in present or n in recorded]
     return {
         "observedGeneration": generation,
         "children": len(names),
-        **contract.tally(configurations),
+        **sweeps.tally(configurations),
     }
 
 

@@ -5,6 +5,7 @@ import tracemalloc
 from dataclasses import replace
 from datetime import timedelta
 
+import evokube_sweeps as sweeps
 from evokube_contract import sweep as contract
 from evokube_operator import api
 from evokube_operator.conditions import find
@@ -41,10 +42,10 @@ def a_sweep(max_parallel=2, status=None, generation=1, **spec_overrides):
 
 
 def child(index, phase=None, owner=SWEEP_UID, seeds=()):
-    assignment = contract.expand(a_sweep()["spec"])[index]
+    assignment = sweeps.expand(a_sweep()["spec"])[index]
     body = {
         "metadata": {
-            "name": contract.child_name("grid", index),
+            "name": sweeps.child_name("grid", index),
             "uid": f"child-{index}",
             "labels": {contract.SWEEP_LABEL: "grid", contract.SWEEP_INDEX_LABEL: str(index)},
             "annotations": {
@@ -246,10 +247,10 @@ def largest_sweep(owner=SWEEP_UID):
     ]
     sweep = a_sweep(max_parallel=256, parameters=parameters)
     kids = []
-    for index, assignment in enumerate(contract.expand(sweep["spec"])):
+    for index, assignment in enumerate(sweeps.expand(sweep["spec"])):
         body = {
             "metadata": {
-                "name": contract.child_name("grid", index),
+                "name": sweeps.child_name("grid", index),
                 "labels": {contract.SWEEP_LABEL: "grid", contract.SWEEP_INDEX_LABEL: str(index)},
                 "annotations": {contract.SWEEP_ASSIGNMENT_ANNOTATION: json.dumps(assignment)},
                 "ownerReferences": [{"uid": owner, "controller": True}],
@@ -295,7 +296,7 @@ def test_planning_and_admitting_a_sweep_holds_one_child_manifest_at_a_time():
         finally:
             tracemalloc.stop()
 
-    one = peak(lambda: contract.child_manifest(sweep, 0, {}))
+    one = peak(lambda: sweeps.child_manifest(sweep, 0, {}))
 
     def plan_and_admit():
         plan = plan_sweep(observe(sweep))

@@ -11,6 +11,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+import evokube_sweeps as sweeps
 from evokube_contract import sweep as contract
 from evokube_operator import sweep_plan
 from evokube_operator.handlers import SERVED_CHECK_SECONDS
@@ -128,7 +129,7 @@ def test_a_grid_sweep_runs_to_completion_within_max_parallel_and_survives_a_rest
         else:
             k8s.wait(lambda n=kids: moved(k8s, namespace, n), "a child to be created or run", 60)
     assert most == 2 and restarted
-    assert sorted(uids) == sorted(contract.child_name("grid", i) for i in range(6))
+    assert sorted(uids) == sorted(sweeps.child_name("grid", i) for i in range(6))
 
     status = k8s.wait(
         lambda: (s := sweep_status(k8s, namespace)).get("phase") == "Succeeded" and s,

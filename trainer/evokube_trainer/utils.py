@@ -9,7 +9,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-from evokube_contract.sweep import interval
+from evokube_sweeps import interval
 
 __all__ = [
     "episode_returns_to_fitness",
@@ -69,6 +69,6 @@ def episode_returns_to_fitness(
 def mean_interval(values: Sequence[float]) -> tuple[float, float]:
     """The mean of `values` (one per replica) and the half-width of its 95% interval,
     Student-t with n - 1 degrees of freedom (0 for one value): the sweep summary's own
-    (`evokube_contract.sweep.interval`), so a run's band and its sweep's table agree."""
+    (`evokube_sweeps.interval`), so a run's band and its sweep's table agree."""
     summary = interval(list(values))
     return summary["mean"], summary["interval"]

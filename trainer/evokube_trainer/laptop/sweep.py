@@ -1,6 +1,6 @@
 """`evokube sweep`: an ERLSweep on this machine, its children one after another or K at a time.
 
-The sweep expands as on a cluster (evokube_contract.sweep): the same children, names and
+The sweep expands as on a cluster (evokube_sweeps): the same children, names and
 manifests. Each child runs as `evokube run` runs a manifest (laptop/local.py), in a process of
 its own, in <out>/<sweep>/<child>/; once it ends, its phase is recorded there (outcome.json),
 so a rerun after Ctrl-C skips the finished children and resumes the others from their
@@ -26,14 +26,8 @@ from typing import Any, TextIO
 import yaml
 
 from evokube_contract import HISTORY_FILE
-from evokube_contract.sweep import (
-    SWEEP_ASSIGNMENT_ANNOTATION,
-    SweepError,
-    child_manifest,
-    expand,
-    interval,
-    summarize,
-)
+from evokube_contract.sweep import SWEEP_ASSIGNMENT_ANNOTATION
+from evokube_sweeps import SweepError, child_manifest, expand, interval, summarize
 from evokube_trainer import metric_names as names
 from evokube_trainer.laptop import checks_on_cpu
 from evokube_trainer.laptop.curves import plot_curves, read_history
