@@ -27,6 +27,13 @@ from evokube_trainer.workflows._configs import (
     env_from_config,
     episode_length_of,
 )
+from evokube_trainer.workflows._env_steps import (
+    ADDED_STATE_LEAVES,
+    ENV_STEPS_WORD,
+    add_member_steps,
+    env_steps_count,
+    upgraded,
+)
 from evokube_trainer.workflows._kinds import KINDS, WorkflowKind
 from evokube_trainer.workflows._layout import DeviceLayout, slice_index
 from evokube_trainer.workflows._learners import (
@@ -37,6 +44,7 @@ from evokube_trainer.workflows._learners import (
 )
 from evokube_trainer.workflows._optimizers import OPTIMIZERS, Optimizer, make_optimizer
 from evokube_trainer.workflows._pbt import PBTState, PopulationBasedTraining
+from evokube_trainer.workflows._replicas import replica_seed, replica_values, seed_metrics
 from evokube_trainer.workflows._rollout import PopulationRollout, RolloutResult, random_transitions
 from evokube_trainer.workflows._spec import (
     PBT_HYPERPARAMETERS,
@@ -44,9 +52,7 @@ from evokube_trainer.workflows._spec import (
     to_environment_spec,
 )
 from evokube_trainer.workflows._workflow import (
-    ADDED_STATE_LEAVES,
     CHUNK_CAPACITY,
-    ENV_STEPS_WORD,
     EVALUATED,
     PARTS,
     Evaluation,
@@ -54,13 +60,7 @@ from evokube_trainer.workflows._workflow import (
     StopAt,
     Workflow,
     WorkflowState,
-    add_member_steps,
-    env_steps_count,
     jit_workflow,
-    replica_seed,
-    replica_values,
-    seed_metrics,
-    upgraded,
 )
 
 __all__ = [

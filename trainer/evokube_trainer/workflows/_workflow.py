@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -67,8 +66,16 @@ from evokube_trainer.envs import (
 from evokube_trainer.recorders import Recorder
 from evokube_trainer.replay import ReplayBuffer, ReplayState, Transition
 from evokube_trainer.utils import episode_returns_to_fitness
+from evokube_trainer.workflows._env_steps import (
+    ENV_STEPS_WORD,
+    add_member_steps,
+    counted_env_steps,
+    env_steps_count,
+    env_steps_reached,
+)
 from evokube_trainer.workflows._layout import DeviceLayout
 from evokube_trainer.workflows._learners import Learner
+from evokube_trainer.workflows._replicas import replica_seed, seed_metrics
 from evokube_trainer.workflows._rollout import (
     PopulationRollout,
     flatten_leading,
@@ -88,13 +95,6 @@ PARTS = ("ask", "rl_update", "rollout", "replay_add", "merge", "tell", "evaluate
 CHUNK_CAPACITY = 64
 # The row of `Workflow.steps`' metrics that says whether the generation was evaluated.
 EVALUATED = "evaluated"
-# Env steps are counted on the device in two int32 words (jax runs without x64, and one chip
-# passes 2**31 agent steps within the hour: Brax at 0.7M steps/s, 8 seeds of a small ES at
-# 60M each): `WorkflowState.env_steps` holds the count below ENV_STEPS_WORD and
-# `env_steps_high` the whole ENV_STEPS_WORDs. A generation's steps are summed into it exactly
-# from each member's count (`add_member_steps`), so a generation of a million members may take
-# more than 2**31 steps.
-ENV_STEPS_WORD = 2**30
 
 
 @struct.dataclass
@@ -418,7 +418,10 @@ class Workflow:
             row = {**metrics, **eval_metrics, EVALUATED: due}
             rows = jax.tree.map(lambda column, value: column.at[done].set(value), rows, row)
             reached = env_steps_reached(
-                metrics["env_steps_high"], metrics[names.ENV_STEPS], stop_at
+                metrics["env_steps_high"],
+                metrics[names.ENV_STEPS],
+                stop_at.env_steps_high,
+                stop_at.env_steps,
             )
             stopped = (
                 jnp.any(reached)
@@ -546,7 +549,7 @@ class Workflow:
             state, rows, done, evaluations = fns.steps(state, *arguments)
             # Waits for the chunk to finish.
             rows, done, (last, best) = jax.device_get((rows, done, evaluations))
-            rows = _counted_env_steps(rows)
+            rows = counted_env_steps(rows)
             step_seconds = (time.perf_counter() - start) / int(done)
             for row in range(int(done)):
                 values = {name: column[row] for name, column in rows.items()}
@@ -636,19 +639,6 @@ def _where(pick: Array, new: Array, old: Array) -> Array:
     return jnp.where(pick.reshape(pick.shape + (1,) * (new.ndim - pick.ndim)), new, old)
 
 
-def replica_seed(seed: int, replica: int) -> int:
-    """Replica `replica`'s root seed: `seed + replica`, wrapped into the 32 bits a JAX key keeps
-    (spec.seed may be 2^32-1)."""
-    return (seed + replica) % 2**32
-
-
-def replica_values(metrics: Mapping[str, float], name: str, seeds: int) -> list[float | None]:
-    """Each replica's value of `name` in `seed_metrics`' host metrics (None where absent)."""
-    if seeds == 1:
-        return [metrics.get(name)]
-    return [metrics.get(names.seed_key(i, name)) for i in range(seeds)]
-
-
 def _obs_stats_metrics(stats: RunningStats) -> Metrics:
     std = jnp.sqrt(stats.var)
     return {
@@ -657,94 +647,3 @@ def _obs_stats_metrics(stats: RunningStats) -> Metrics:
         "obs_norm/std_min": jnp.min(std),
         "obs_norm/std_max": jnp.max(std),
     }
-
-
-def add_env_steps(high: Array, low: Array, new: Array) -> tuple[Array, Array]:
-    """The two-word env-step count `(high, low)` plus `new` steps (`new` < 2**30)."""
-    low = low + new  # < 2**31: both terms are below 2**30
-    return high + low // ENV_STEPS_WORD, low % ENV_STEPS_WORD
-
-
-# `add_member_steps` sums members' counts (each < 2**30) in three limbs of this many bits, so
-# that each limb's sum over up to 2**21 members stays below 2**31.
-_LIMB_BITS = 10
-
-
-def add_member_steps(high: Array, low: Array, member_steps: Array) -> tuple[Array, Array]:
-    """The two-word count `(high, low)` plus the sum of `member_steps` (`[N]` int32, each
-    < 2**30, N <= 2**21), exact in int32: a million members' steps overflow one int32 sum."""
-    mask = (1 << _LIMB_BITS) - 1
-    for limb in range(3):  # steps = sum over limbs of part * 2**(10 * limb)
-        part = jnp.sum((member_steps >> (_LIMB_BITS * limb)) & mask)  # < 2**31
-        # part * 2**shift, split into whole words and the rest below a word
-        shift = _LIMB_BITS * limb
-        whole, rest = part >> (30 - shift), part & ((1 << (30 - shift)) - 1)
-        high, low = add_env_steps(high + whole, low, rest << shift)
-    return high, low
-
-
-def env_steps_reached(high: Array, low: Array, stop_at: StopAt) -> Array:
-    """Whether the two-word count `(high, low)` has reached `stop_at`'s two-word threshold."""
-    at_high, at_low = stop_at.env_steps_high, stop_at.env_steps
-    reached = (high > at_high) | ((high == at_high) & (low >= at_low))
-    return reached & (at_high >= 0)
-
-
-# Leaves WorkflowState gained after checkpoints of it were first written: such a checkpoint
-# restores without them (`Checkpointer.restore_latest(added=...)`), then `upgraded` fills them.
-ADDED_STATE_LEAVES = ("env_steps_high",)
-
-
-def upgraded(state: WorkflowState) -> WorkflowState:
-    """A state restored from an older checkpoint (`ADDED_STATE_LEAVES` None) made whole: its
-    one-word env-step count split into two words. That count was an int32 that wrapped past
-    2**31; read as uint32 it is exact below 2**32."""
-    if state.env_steps_high is not None:
-        return state
-    count = state.env_steps.astype(jnp.uint32)
-    return state.replace(
-        env_steps_high=(count // ENV_STEPS_WORD).astype(jnp.int32),
-        env_steps=(count % ENV_STEPS_WORD).astype(jnp.int32),
-    )
-
-
-def env_steps_count(state: WorkflowState) -> np.ndarray:
-    """The state's env steps on the host, as int64 (`[]`, or `[seeds]` with several)."""
-    return _joined(*jax.device_get((state.env_steps_high, state.env_steps)))
-
-
-def _counted_env_steps(rows: Mapping[str, Any]) -> dict[str, Any]:
-    """Host metric rows with `env_steps` the whole count (int64) and its high word dropped."""
-    rows = dict(rows)
-    rows[names.ENV_STEPS] = _joined(rows.pop("env_steps_high"), rows[names.ENV_STEPS])
-    return rows
-
-
-def _joined(high: Any, low: Any) -> np.ndarray:
-    """The two words of host env-step counts (any shape) as one int64 count."""
-    return np.asarray(high, np.int64) * ENV_STEPS_WORD + np.asarray(low, np.int64)
-
-
-def seed_metrics(values: Mapping[str, Any], seeds: int) -> dict[str, float]:
-    """Host metrics of one generation from its device values. One seed: the scalars as they
-    are. Several: each `[seeds]` value becomes the replicas' mean (`generation` and
-    `env_steps`: the most, an integer), and each of `metric_names.PER_SEED` is also given per
-    replica, as `seed_key(i, name)`."""
-    if seeds == 1:
-        return {name: _scalar(value) for name, value in values.items()}
-    metrics: dict[str, float] = {}
-    for name, value in values.items():
-        value = np.asarray(value)
-        most = name in (names.GENERATION, names.ENV_STEPS)
-        metrics[name] = int(np.max(value)) if most else float(np.mean(value))
-        if name in names.PER_SEED:
-            metrics.update({names.seed_key(i, name): _scalar(v) for i, v in enumerate(value)})
-    return metrics
-
-
-def _scalar(value: Any) -> float:
-    value = np.asarray(value)
-    if value.size != 1:
-        raise ValueError(f"metrics must be scalars, got shape {value.shape}")
-    number = float(value.reshape(()))
-    return int(number) if value.dtype.kind in "iu" and math.isfinite(number) else number
