@@ -53,7 +53,7 @@ from pathlib import Path
 from benchmarks._common import REPO, free_port, load, print_header, print_row, wait_until
 from benchmarks.largest_experiment import NODE_LABELS, largest_experiment, namespace_annotations
 from evokube_contract import API_VERSION, GROUP, KIND, LABEL_EXPERIMENT, PLURAL, VERSION
-from evokube_operator.decide import JOB_EVENTS_GRACE_SECONDS
+from evokube_operator.plans.decide import JOB_EVENTS_GRACE_SECONDS
 
 NAMESPACE = "scale"
 HOSTS = 4

@@ -15,7 +15,7 @@ pools of `--hosts` nodes each (v5e hosts of 4 chips), then times two ways of pla
   webhooks give each Job's leader pod the pool affinity terms and pin its followers to the
   leader's pool with a node selector once it is scheduled.
 - affinity: what evokube does today, `--slices` Indexed Jobs whose every pod carries the
-  required pod affinity and anti-affinity terms of evokube_operator.placement.
+  required pod affinity and anti-affinity terms of evokube_operator.reading.placement.
 
 Each trial runs in a new namespace, from the first create call until every pod is Running
 (kwok marks a pod Running as soon as it is bound); it then checks that every slice sits in
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from benchmarks._common import load, print_header, print_row, wait_until
 from benchmarks.operator_scale import Cluster
-from evokube_operator.placement import GANG_LABEL, gang_key, pod_affinity
+from evokube_operator.reading.placement import GANG_LABEL, gang_key, pod_affinity
 
 NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.largest_experiment import largest_experiment
-from evokube_operator import builders
-from evokube_operator.spec import Experiment, parse_spec
+from evokube_operator.desired import builders
+from evokube_operator.reading.spec import Experiment, parse_spec
 from evokube_trainer.runtime import manifest
 from tests.crd_size import Unbounded, largest
 

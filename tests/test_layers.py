@@ -37,18 +37,12 @@ OPERATOR = (
     ("evokube_contract", "evokube_operator"),
     ("evokube_sweeps",),  # what a sweep does, shared with the laptop's `evokube sweep`
     ("evokube_operator.api", "evokube_operator.conditions", "evokube_operator.util"),
-    ("evokube_operator.placement", "evokube_operator.spec"),  # the spec, read into values
-    ("evokube_operator.observe", "evokube_operator.ownership"),  # what the watches saw
-    ("evokube_operator.policies",),  # one rule each: failure, success, start-up, deadlines
-    ("evokube_operator.builders", "evokube_operator.jobset"),  # desired objects (pure)
-    ("evokube_operator.decide", "evokube_operator.sweep_plan"),  # observation -> plan (pure)
-    ("evokube_operator.kube", "evokube_operator.leader", "evokube_operator.metrics"),  # I/O
-    # carry a plan out
-    (
-        "evokube_operator.reconcile",
-        "evokube_operator.sweep_reconcile",
-        "evokube_operator.controller",
-    ),
+    ("evokube_operator.reading",),  # the spec, read into values; what the watches saw
+    ("evokube_operator.rules",),  # one rule each: failure, success, start-up, deadlines
+    ("evokube_operator.desired",),  # desired objects (pure)
+    ("evokube_operator.plans",),  # observation -> plan (pure)
+    ("evokube_operator.cluster",),  # I/O: the API server, leader election, Prometheus
+    ("evokube_operator.reconcilers",),  # carry a plan out
     ("evokube_operator.handlers", "evokube_operator.options"),  # Kopf
     ("evokube_operator.cli", "evokube_operator.__main__"),
 )

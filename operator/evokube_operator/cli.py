@@ -21,9 +21,9 @@ import sys
 import kopf
 
 from evokube_operator import api
-from evokube_operator.leader import LeaderElection, own_namespace
+from evokube_operator.cluster.leader import LeaderElection, own_namespace
 from evokube_operator.options import Options
-from evokube_operator.policies.startup import DEFAULT_TIMEOUTS, Timeouts
+from evokube_operator.rules.startup import DEFAULT_TIMEOUTS, Timeouts
 
 # The URL half of the CRD's pattern for spec.checkpoint.location.
 _BUCKET_URL = re.compile(

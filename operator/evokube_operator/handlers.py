@@ -28,21 +28,22 @@ from typing import Any
 import kopf
 
 from evokube_contract import sweep
-from evokube_operator import api, jobset
-from evokube_operator.controller import Controller, Indices, SweepIndices
-from evokube_operator.kube import Kube
-from evokube_operator.leader import Elector, FencedKube, new_identity
-from evokube_operator.metrics import Metrics, Server
-from evokube_operator.observe import (
+from evokube_operator import api
+from evokube_operator.cluster.kube import Kube
+from evokube_operator.cluster.leader import Elector, FencedKube, new_identity
+from evokube_operator.cluster.metrics import Metrics, Server
+from evokube_operator.desired import jobset
+from evokube_operator.options import Options, client_configuration
+from evokube_operator.reading.observe import (
     ExperimentView,
     JobView,
     PodView,
     SweepChildView,
     sweep_body,
 )
-from evokube_operator.options import Options, client_configuration
-from evokube_operator.reconcile import Reconciler
-from evokube_operator.sweep_reconcile import SweepReconciler
+from evokube_operator.reconcilers.controller import Controller, Indices, SweepIndices
+from evokube_operator.reconcilers.reconcile import Reconciler
+from evokube_operator.reconcilers.sweep_reconcile import SweepReconciler
 
 OWNED = {api.LABEL_EXPERIMENT: kopf.PRESENT}
 SWEEP_CHILD = {sweep.SWEEP_LABEL: kopf.PRESENT}

@@ -9,9 +9,9 @@ from kubernetes import config as kube_config
 from kubernetes.client import Configuration
 
 from evokube_operator import api
-from evokube_operator.builders import NetworkAccess
-from evokube_operator.leader import LeaderElection
-from evokube_operator.policies.startup import DEFAULT_TIMEOUTS, Timeouts
+from evokube_operator.cluster.leader import LeaderElection
+from evokube_operator.desired.builders import NetworkAccess
+from evokube_operator.rules.startup import DEFAULT_TIMEOUTS, Timeouts
 
 
 @dataclass(frozen=True)

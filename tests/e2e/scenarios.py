@@ -21,8 +21,8 @@ from typing import Any, TextIO
 
 import yaml
 
-from evokube_operator import jobset
 from evokube_operator.api import TPU_ACCELERATOR_SELECTOR, TPU_RESOURCE, TPU_TOPOLOGY_SELECTOR
+from evokube_operator.desired import jobset
 from tests.cluster.controlplane import wait_until
 from tests.e2e.podrunner import local_process
 from tests.e2e.stack import (

@@ -15,8 +15,8 @@ import subprocess
 import pytest
 import yaml
 
-from evokube_operator import builders
-from evokube_operator.spec import parse_spec
+from evokube_operator.desired import builders
+from evokube_operator.reading.spec import parse_spec
 from tests.helm.chart import MONITORING_APIS, REPO, render
 from tests.operator.factories import GPU, TPU, experiment
 from tests.operator.test_pod_settings import SETTINGS as POD_SETTINGS

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from evokube_operator import api
-from evokube_operator.observe import JobFailure, JobView, PodView
-from evokube_operator.spec import Experiment
+from evokube_operator.reading.observe import JobFailure, JobView, PodView
+from evokube_operator.reading.spec import Experiment
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 UID = "0000-uid"

@@ -5,9 +5,10 @@ import copy
 import pytest
 import yaml
 
-from evokube_operator import api, builders
-from evokube_operator.policies import failure
-from evokube_operator.spec import parse_spec
+from evokube_operator import api
+from evokube_operator.desired import builders
+from evokube_operator.reading.spec import parse_spec
+from evokube_operator.rules import failure
 from tests.operator.factories import GPU, TPU, experiment
 
 

@@ -4,11 +4,11 @@ import asyncio
 import threading
 import time
 
-from evokube_operator.controller import Backoff, Controller, Indices
-from evokube_operator.kube import ApiError
-from evokube_operator.metrics import Metrics
-from evokube_operator.observe import ExperimentView
-from evokube_operator.reconcile import Outcome
+from evokube_operator.cluster.kube import ApiError
+from evokube_operator.cluster.metrics import Metrics
+from evokube_operator.reading.observe import ExperimentView
+from evokube_operator.reconcilers.controller import Backoff, Controller, Indices
+from evokube_operator.reconcilers.reconcile import Outcome
 from tests.operator.factories import body
 
 A, B = ("ns", "a"), ("ns", "b")

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from evokube_operator.spec import parse_spec
+from evokube_operator.reading.spec import parse_spec
 from evokube_trainer.runtime import manifest
 from tests.bad_manifests import BAD_MANIFESTS, GOOD_MANIFESTS, ids, with_changes
 from tests.e2e.scenarios import table_columns

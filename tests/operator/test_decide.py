@@ -7,7 +7,7 @@ import pytest
 
 from evokube_operator import api
 from evokube_operator.conditions import find
-from evokube_operator.decide import (
+from evokube_operator.plans.decide import (
     BLOCKED_REQUEUE_SECONDS,
     QUEUE_REQUEUE_SECONDS,
     READ_JOB,
@@ -20,10 +20,10 @@ from evokube_operator.decide import (
     decide,
     desired_spec,
 )
-from evokube_operator.observe import PodView, QueueView
-from evokube_operator.ownership import Blocker, location_blocker
-from evokube_operator.policies.refusal import RETRY_MAX_SECONDS, RETRY_MIN_SECONDS, Refusal
-from evokube_operator.spec import Experiment, format_time
+from evokube_operator.reading.observe import PodView, QueueView
+from evokube_operator.reading.ownership import Blocker, location_blocker
+from evokube_operator.reading.spec import Experiment, format_time
+from evokube_operator.rules.refusal import RETRY_MAX_SECONDS, RETRY_MIN_SECONDS, Refusal
 from tests.operator.factories import NOW, TPU, body, gang, job, pod, running_status
 
 

@@ -7,10 +7,10 @@ import tracemalloc
 
 from benchmarks.largest_experiment import largest_experiment
 from evokube_operator import api
-from evokube_operator.controller import Indices
-from evokube_operator.observe import ExperimentView
-from evokube_operator.reconcile import _written
-from evokube_operator.spec import Experiment
+from evokube_operator.reading.observe import ExperimentView
+from evokube_operator.reading.spec import Experiment
+from evokube_operator.reconcilers.controller import Indices
+from evokube_operator.reconcilers.reconcile import _written
 from tests.operator.factories import body, gang, job, running_status
 from tests.operator.test_reconcile import KEY, FakeKube, reconciler
 

@@ -10,10 +10,12 @@ import pytest
 import yaml
 
 import evokube_contract as contract
-from evokube_operator import api, builders, jobset, placement
-from evokube_operator.observe import JobView, PodView, gang_pods
-from evokube_operator.policies import success
-from evokube_operator.spec import Experiment, parse_spec
+from evokube_operator import api
+from evokube_operator.desired import builders, jobset
+from evokube_operator.reading import placement
+from evokube_operator.reading.observe import JobView, PodView, gang_pods
+from evokube_operator.reading.spec import Experiment, parse_spec
+from evokube_operator.rules import success
 from evokube_trainer.runtime import manifest
 from tests.operator.factories import TPU, experiment
 

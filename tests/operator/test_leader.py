@@ -5,8 +5,8 @@ from datetime import UTC, datetime
 import pytest
 from kubernetes.client import ApiClient, Configuration
 
-from evokube_operator.kube import ApiError
-from evokube_operator.leader import (
+from evokube_operator.cluster.kube import ApiError
+from evokube_operator.cluster.leader import (
     FencedKube,
     LeaderElection,
     NotLeading,

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from evokube_operator import api, builders, jobset
-from evokube_operator.decide import BLOCKED_REQUEUE_SECONDS
+from evokube_operator import api
+from evokube_operator.cluster.kube import Kube
+from evokube_operator.desired import builders, jobset
 from evokube_operator.handlers import SERVED_CHECK_SECONDS
-from evokube_operator.kube import Kube
-from evokube_operator.spec import Experiment, parse_spec
+from evokube_operator.plans.decide import BLOCKED_REQUEUE_SECONDS
+from evokube_operator.reading.spec import Experiment, parse_spec
 from tests.helm.chart import trainer_token_mode
 from tests.operator.conftest import experiment_manifest
 

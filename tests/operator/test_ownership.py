@@ -7,10 +7,10 @@ import yaml
 from kubernetes import client
 
 from evokube_operator import api as evokube
-from evokube_operator import builders
-from evokube_operator.kube import ApiError, Kube
-from evokube_operator.ownership import NameConflict
-from evokube_operator.spec import Experiment
+from evokube_operator.cluster.kube import ApiError, Kube
+from evokube_operator.desired import builders
+from evokube_operator.reading.ownership import NameConflict
+from evokube_operator.reading.spec import Experiment
 from tests.operator.conftest import experiment_manifest, stand_in, suspended_experiment
 from tests.operator.test_operator import assert_everything_owned_is_gone
 

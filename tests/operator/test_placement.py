@@ -16,8 +16,10 @@ import pytest
 import yaml
 from kubernetes import client
 
-from evokube_operator import api, builders, placement
-from evokube_operator.spec import SpecError, parse_spec
+from evokube_operator import api
+from evokube_operator.desired import builders
+from evokube_operator.reading import placement
+from evokube_operator.reading.spec import SpecError, parse_spec
 from tests.cluster.controlplane import HERE as CLUSTER_DIR
 from tests.operator.conftest import (
     GROUP,

@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from evokube_operator import api as evokube
-from evokube_operator import builders
-from evokube_operator.ownership import listing_blocker, opt_in_blocker
-from evokube_operator.spec import Reference, parse_spec
+from evokube_operator.desired import builders
+from evokube_operator.reading.ownership import listing_blocker, opt_in_blocker
+from evokube_operator.reading.spec import Reference, parse_spec
 from tests.helm.chart import trainer_token_mode
 from tests.operator.conftest import experiment_manifest
 from tests.operator.factories import experiment

@@ -3,7 +3,7 @@
 import pytest
 
 from evokube_operator import api
-from evokube_operator.policies import failure
+from evokube_operator.rules import failure
 from tests.operator.factories import job, pod
 
 POLICY_MESSAGE = (

@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 
 from evokube_operator import api
-from evokube_operator.policies.refusal import (
+from evokube_operator.rules.refusal import (
     RETRY_MAX_SECONDS,
     RETRY_MIN_SECONDS,
     Refusal,

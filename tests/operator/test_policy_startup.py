@@ -8,7 +8,7 @@ import pytest
 
 from evokube_operator import api
 from evokube_operator.conditions import find
-from evokube_operator.decide import (
+from evokube_operator.plans.decide import (
     JOB_EVENTS_GRACE_SECONDS,
     JOB_EVENTS_REQUEUE_SECONDS,
     READ_JOB_EVENTS,
@@ -17,10 +17,10 @@ from evokube_operator.decide import (
     Read,
     decide,
 )
-from evokube_operator.observe import JobEvent, PodView
-from evokube_operator.policies import startup
-from evokube_operator.reconcile import Reconciler
-from evokube_operator.spec import Experiment
+from evokube_operator.reading.observe import JobEvent, PodView
+from evokube_operator.reading.spec import Experiment
+from evokube_operator.reconcilers.reconcile import Reconciler
+from evokube_operator.rules import startup
 from evokube_operator.util import MESSAGE_LIMIT
 from tests.operator.factories import NOW, body, job, pod
 from tests.operator.test_reconcile import KEY, FakeKube

@@ -2,7 +2,7 @@
 
 import pytest
 
-from evokube_operator.policies import success
+from evokube_operator.rules import success
 from tests.operator.factories import job, pod
 
 

@@ -4,7 +4,7 @@ from datetime import timedelta
 
 import pytest
 
-from evokube_operator.policies import deadline, timer
+from evokube_operator.rules import deadline, timer
 from tests.operator.factories import NOW
 
 

@@ -7,12 +7,12 @@ from datetime import timedelta
 import pytest
 
 from evokube_operator import api
+from evokube_operator.cluster.kube import ApiError
 from evokube_operator.conditions import find
-from evokube_operator.decide import BLOCKED_REQUEUE_SECONDS
-from evokube_operator.kube import ApiError
-from evokube_operator.ownership import NameConflict, is_owned_by
-from evokube_operator.policies.refusal import RETRY_MIN_SECONDS, Refusal
-from evokube_operator.reconcile import Reconciler
+from evokube_operator.plans.decide import BLOCKED_REQUEUE_SECONDS
+from evokube_operator.reading.ownership import NameConflict, is_owned_by
+from evokube_operator.reconcilers.reconcile import Reconciler
+from evokube_operator.rules.refusal import RETRY_MIN_SECONDS, Refusal
 from tests.operator.factories import NOW, body, gang, job, pod, running_status
 
 KEY = ("ns", "demo")

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from kubernetes import client
 
-from evokube_operator import builders
-from evokube_operator.kube import Kube
-from evokube_operator.policies.refusal import Refusal
-from evokube_operator.spec import Experiment, parse_spec
+from evokube_operator.cluster.kube import Kube
+from evokube_operator.desired import builders
+from evokube_operator.reading.spec import Experiment, parse_spec
+from evokube_operator.rules.refusal import Refusal
 from tests.operator.conftest import (
     apply_quotas,
     experiment_manifest,

@@ -13,10 +13,11 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from evokube_operator import api, builders
+from evokube_operator import api
 from evokube_operator.api import NO_TOKEN, REASON_PROGRESS_NOT_REPORTED
 from evokube_operator.cli import parse_args
-from evokube_operator.spec import parse_spec
+from evokube_operator.desired import builders
+from evokube_operator.reading.spec import parse_spec
 from tests.helm.chart import ADMISSION_TEMPLATE, documents, render, trainer_token_mode
 from tests.operator.conftest import (
     GROUP,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from evokube_operator.spec import SpecError, parse_spec, topology_chips
+from evokube_operator.reading.spec import SpecError, parse_spec, topology_chips
 from tests.operator.factories import spec
 
 

@@ -9,15 +9,15 @@ import evokube_sweeps as sweeps
 from evokube_contract import sweep as contract
 from evokube_operator import api
 from evokube_operator.conditions import find
-from evokube_operator.observe import SweepChildView, sweep_body
-from evokube_operator.ownership import NameConflict
-from evokube_operator.policies.refusal import Refusal
-from evokube_operator.sweep_plan import (
+from evokube_operator.plans.sweep_plan import (
     STATUS_SECONDS,
     STATUS_VALUE_CHARS,
     SweepObservation,
     plan_sweep,
 )
+from evokube_operator.reading.observe import SweepChildView, sweep_body
+from evokube_operator.reading.ownership import NameConflict
+from evokube_operator.rules.refusal import Refusal
 from tests.operator.factories import NOW, spec
 
 SWEEP_UID = "sweep-uid"

@@ -2,11 +2,11 @@
 
 from evokube_contract import sweep as contract
 from evokube_operator import api
+from evokube_operator.cluster.kube import ApiError
+from evokube_operator.cluster.metrics import Metrics
 from evokube_operator.conditions import find
-from evokube_operator.kube import ApiError
-from evokube_operator.metrics import Metrics
-from evokube_operator.observe import SweepChildView
-from evokube_operator.sweep_reconcile import SweepReconciler
+from evokube_operator.reading.observe import SweepChildView
+from evokube_operator.reconcilers.sweep_reconcile import SweepReconciler
 from tests.operator.factories import NOW
 from tests.operator.test_reconcile import FakeKube
 from tests.operator.test_sweep_plan import a_sweep

@@ -13,10 +13,10 @@ from kubernetes.client.exceptions import ApiException
 
 import evokube_sweeps as sweeps
 from evokube_contract import sweep as contract
-from evokube_operator import sweep_plan
+from evokube_operator.cluster.kube import ApiError, Kube, refused_write
 from evokube_operator.handlers import SERVED_CHECK_SECONDS
-from evokube_operator.kube import ApiError, Kube, refused_write
-from evokube_operator.sweep_plan import SweepObservation, plan_sweep
+from evokube_operator.plans import sweep_plan
+from evokube_operator.plans.sweep_plan import SweepObservation, plan_sweep
 from tests.operator.conftest import (
     GROUP,
     PLURAL,

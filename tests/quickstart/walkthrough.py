@@ -12,8 +12,9 @@ from typing import Any
 
 import yaml
 
-from evokube_operator import api, builders
-from evokube_operator.spec import Experiment, parse_spec
+from evokube_operator import api
+from evokube_operator.desired import builders
+from evokube_operator.reading.spec import Experiment, parse_spec
 from evokube_trainer.runtime import manifest
 from tests.cluster.controlplane import fake_node
 

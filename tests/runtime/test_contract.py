@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import evokube_contract as contract
-from evokube_operator import builders
-from evokube_operator.spec import parse_spec
+from evokube_operator.desired import builders
+from evokube_operator.reading.spec import parse_spec
 from evokube_trainer.laptop import local
 from evokube_trainer.runtime import manifest
 from evokube_trainer.runtime.config import to_run_config

@@ -136,7 +136,10 @@ def _pattern(value: str | int) -> re.Pattern:
 
 # Python literals that equal a contract value by coincidence, and what they are.
 COINCIDENCES = {
-    ("operator/evokube_operator/builders.py", "checkpoints"): "the checkpoint volume's name",
+    (
+        "operator/evokube_operator/desired/builders.py",
+        "checkpoints",
+    ): "the checkpoint volume's name",
     ("trainer/evokube_trainer/runtime/entrypoint.py", "evokube-train"): "the logger's name",
 }
 

@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from evokube_operator import api, builders
-from evokube_operator.spec import parse_spec
+from evokube_operator import api
+from evokube_operator.desired import builders
+from evokube_operator.reading.spec import parse_spec
 from tests.cluster.controlplane import free_port
 from tests.operator.factories import experiment
 

@@ -11,8 +11,8 @@ import copy
 import pytest
 
 from evokube_operator import api
-from evokube_operator.observe import PodView
-from evokube_operator.policies import failure
+from evokube_operator.reading.observe import PodView
+from evokube_operator.rules import failure
 from evokube_trainer.runtime import exitcodes
 from tests.operator.factories import job
 from tests.runtime.test_multihost import CEMRL, PBT, experiment, finish, history, start_run

@@ -14,7 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import evokube_contract as contract
-from evokube_operator import api, placement
+from evokube_operator import api
+from evokube_operator.reading import placement
 
 
 class SpecError(ValueError):

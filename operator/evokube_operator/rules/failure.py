@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evokube_operator import api
-from evokube_operator.observe import JobView, PodView
+from evokube_operator.reading.observe import JobView, PodView
 
 PERMANENT = "permanent"
 DISRUPTION = "disruption"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from evokube_operator.observe import JobView, PodView
+from evokube_operator.reading.observe import JobView, PodView
 
 
 def succeeded(job: JobView, pods: Sequence[PodView], hosts: int) -> bool:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evokube_operator import api
-from evokube_operator.spec import Reference
+from evokube_operator.reading.spec import Reference
 
 
 @dataclass(frozen=True)

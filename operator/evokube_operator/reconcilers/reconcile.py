@@ -26,9 +26,11 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from evokube_operator import api, builders, jobset
+from evokube_operator import api
 from evokube_operator import conditions as cond
-from evokube_operator.decide import (
+from evokube_operator.cluster.kube import ApiError, Kube, refused_write
+from evokube_operator.desired import builders, jobset
+from evokube_operator.plans.decide import (
     JOB_EVENTS_REQUEUE_SECONDS,
     QUEUE_REQUEUE_SECONDS,
     READ_JOB,
@@ -40,9 +42,8 @@ from evokube_operator.decide import (
     Status,
     decide,
 )
-from evokube_operator.kube import ApiError, Kube, refused_write
-from evokube_operator.observe import ExperimentView, JobEvent, JobView, PodView, QueueView
-from evokube_operator.ownership import (
+from evokube_operator.reading.observe import ExperimentView, JobEvent, JobView, PodView, QueueView
+from evokube_operator.reading.ownership import (
     LABEL_OPT_INS,
     LISTING_ANNOTATIONS,
     Blocker,
@@ -53,9 +54,9 @@ from evokube_operator.ownership import (
     name_conflict,
     opt_in_blocker,
 )
-from evokube_operator.policies import startup
-from evokube_operator.policies.refusal import Refusal
-from evokube_operator.spec import Experiment, ExperimentSpec, format_time
+from evokube_operator.reading.spec import Experiment, ExperimentSpec, format_time
+from evokube_operator.rules import startup
+from evokube_operator.rules.refusal import Refusal
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, name)

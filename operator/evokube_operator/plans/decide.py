@@ -22,12 +22,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from evokube_operator import api, builders
+from evokube_operator import api
 from evokube_operator import conditions as cond
-from evokube_operator.observe import JobEvent, JobView, PodView, QueueView, gang_pods
-from evokube_operator.ownership import Blocker, location_blocker
-from evokube_operator.policies import deadline, failure, refusal, startup, success, timer
-from evokube_operator.spec import (
+from evokube_operator.desired import builders
+from evokube_operator.reading.observe import JobEvent, JobView, PodView, QueueView, gang_pods
+from evokube_operator.reading.ownership import Blocker, location_blocker
+from evokube_operator.reading.spec import (
     Experiment,
     ExperimentSpec,
     SpecError,
@@ -36,6 +36,7 @@ from evokube_operator.spec import (
     parse_spec,
     parse_time,
 )
+from evokube_operator.rules import deadline, failure, refusal, startup, success, timer
 from evokube_operator.util import clip
 
 # A pod still there this long after its deletionTimestamp (the time by which it should be

@@ -26,10 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from evokube_operator.kube import ApiError
-from evokube_operator.metrics import Metrics
-from evokube_operator.reconcile import Key, Outcome, Reconciler
-from evokube_operator.sweep_reconcile import SweepReconciler
+from evokube_operator.cluster.kube import ApiError
+from evokube_operator.cluster.metrics import Metrics
+from evokube_operator.reconcilers.reconcile import Key, Outcome, Reconciler
+from evokube_operator.reconcilers.sweep_reconcile import SweepReconciler
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from evokube_operator.kube import ApiError, Kube
+from evokube_operator.cluster.kube import ApiError, Kube
 
 log = logging.getLogger(__name__)
 

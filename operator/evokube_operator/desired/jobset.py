@@ -20,8 +20,10 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from evokube_operator import api, builders, placement
-from evokube_operator.spec import Experiment, ExperimentSpec
+from evokube_operator import api
+from evokube_operator.desired import builders
+from evokube_operator.reading import placement
+from evokube_operator.reading.spec import Experiment, ExperimentSpec
 
 GROUP: Final = "jobset.x-k8s.io"
 VERSION: Final = "v1alpha2"

@@ -21,7 +21,7 @@ from typing import Any
 
 from evokube_contract import sweep
 from evokube_operator import api
-from evokube_operator.spec import identity, parse_time
+from evokube_operator.reading.spec import identity, parse_time
 from evokube_operator.util import plain
 
 

@@ -35,11 +35,11 @@ import evokube_sweeps as sweeps
 from evokube_contract import sweep as contract
 from evokube_operator import api
 from evokube_operator import conditions as cond
-from evokube_operator.decide import BLOCKED_REQUEUE_SECONDS, Event
-from evokube_operator.observe import SweepChildView
-from evokube_operator.ownership import NameConflict
-from evokube_operator.policies.refusal import Refusal
-from evokube_operator.spec import format_time
+from evokube_operator.plans.decide import BLOCKED_REQUEUE_SECONDS, Event
+from evokube_operator.reading.observe import SweepChildView
+from evokube_operator.reading.ownership import NameConflict
+from evokube_operator.reading.spec import format_time
+from evokube_operator.rules.refusal import Refusal
 
 STATUS_SECONDS = 10.0
 # An assignment value's compact JSON in status.configurations: 256 children of 16 parameters

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from evokube_operator import api
-from evokube_operator.observe import JobEvent, PodView
-from evokube_operator.policies import refusal
+from evokube_operator.reading.observe import JobEvent, PodView
+from evokube_operator.rules import refusal
 from evokube_operator.util import clip
 
 FAILED_CREATE = "FailedCreate"  # the Job controller's event when a pod is refused

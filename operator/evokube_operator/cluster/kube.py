@@ -21,9 +21,10 @@ from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 
 from evokube_contract import sweep
-from evokube_operator import api, jobset
-from evokube_operator.ownership import NameConflict, is_owned_by
-from evokube_operator.policies.refusal import REFUSAL_CODES, Refusal
+from evokube_operator import api
+from evokube_operator.desired import jobset
+from evokube_operator.reading.ownership import NameConflict, is_owned_by
+from evokube_operator.rules.refusal import REFUSAL_CODES, Refusal
 
 FIELD_MANAGER = "evokube-operator"
 # kind -> (API prefix, plural) for every kind the operator touches.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from evokube_operator.policies.timer import remaining
+from evokube_operator.rules.timer import remaining
 
 
 def job_deadline(start: datetime | None, deadline_seconds: int | None, now: datetime) -> int | None:

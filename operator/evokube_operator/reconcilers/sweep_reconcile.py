@@ -24,24 +24,24 @@ from typing import Any
 from evokube_contract import sweep as contract
 from evokube_operator import api
 from evokube_operator import conditions as cond
-from evokube_operator.kube import ApiError, Kube, refused_write
-from evokube_operator.metrics import Metrics
-from evokube_operator.observe import SweepChildView, sweep_body
-from evokube_operator.ownership import NameConflict
-from evokube_operator.policies.refusal import Refusal
-from evokube_operator.reconcile import (
+from evokube_operator.cluster.kube import ApiError, Kube, refused_write
+from evokube_operator.cluster.metrics import Metrics
+from evokube_operator.plans.sweep_plan import (
+    SweepObservation,
+    SweepPlan,
+    plan_sweep,
+    without_assignments,
+)
+from evokube_operator.reading.observe import SweepChildView, sweep_body
+from evokube_operator.reading.ownership import NameConflict
+from evokube_operator.reconcilers.reconcile import (
     MAX_CONFLICTS,
     Key,
     Outcome,
     mark_beside_plan,
     post_event,
 )
-from evokube_operator.sweep_plan import (
-    SweepObservation,
-    SweepPlan,
-    plan_sweep,
-    without_assignments,
-)
+from evokube_operator.rules.refusal import Refusal
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,10 @@ from typing import Any
 
 import yaml
 
-from evokube_operator import api, placement
-from evokube_operator.policies import failure
-from evokube_operator.spec import Accelerator, Experiment, ExperimentSpec
+from evokube_operator import api
+from evokube_operator.reading import placement
+from evokube_operator.reading.spec import Accelerator, Experiment, ExperimentSpec
+from evokube_operator.rules import failure
 from evokube_operator.util import plain
 
 

@@ -1,0 +1,1 @@
+"""Observation in, plan out, pure: an experiment's (decide) and a sweep's (sweep_plan)."""
