@@ -59,9 +59,6 @@ KUEUE_PRIORITY_LABEL: Final = "kueue.x-k8s.io/priority-class"
 KUEUE_JOB_UID_LABEL: Final = "kueue.x-k8s.io/job-uid"
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
 KUEUE_VERSION: Final = "v1beta2"
-# The Kueue integration (its Configuration's integrations.frameworks) that queues each kind of
-# gang object: without it Kueue leaves that kind suspended and makes no Workload.
-KUEUE_FRAMEWORKS: Final = {"Job": "batch/job", "JobSet": "jobset.x-k8s.io/jobset"}
 
 # -- names of the trainer pods' ports (the container's and the headless Service's) -------------
 COORDINATOR_PORT_NAME: Final = "coordinator"

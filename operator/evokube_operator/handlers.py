@@ -32,7 +32,7 @@ from evokube_operator import api
 from evokube_operator.cluster.kube import Kube
 from evokube_operator.cluster.leader import Elector, FencedKube, new_identity
 from evokube_operator.cluster.metrics import Metrics, Server
-from evokube_operator.desired import jobset
+from evokube_operator.desired import gangs
 from evokube_operator.options import Options, client_configuration
 from evokube_operator.reading.observe import (
     ExperimentView,
@@ -58,7 +58,8 @@ log = logging.getLogger(__name__)
 # CRD installed later only if the API server's discovery already lists it at the CRD's last
 # event, which it often does not; so a change in what is served starts Kopf over, in-process
 # (cli.main), watching what is served then.
-OPTIONAL_KINDS = (jobset.KIND, sweep.SWEEP_KIND)
+OPTIONAL_GANGS = tuple(b for b in gangs.BACKENDS.values() if b.optional)
+OPTIONAL_KINDS = (*(b.kind for b in OPTIONAL_GANGS), sweep.SWEEP_KIND)
 SERVED_CHECK_SECONDS = 20.0
 
 
@@ -66,13 +67,15 @@ def served_kinds(kube: Kube) -> dict[str, bool]:
     """Whether the cluster serves each of OPTIONAL_KINDS now, as Kopf starts its watches;
     said once for each that it does not."""
     served = {kind: kube.serves(kind) for kind in OPTIONAL_KINDS}
-    if not served[jobset.KIND]:
-        log.warning(
-            "%s/%s is not served: multislice experiments stay Blocked until JobSet is "
-            "installed (this operator then starts its watches again)",
-            jobset.GROUP,
-            jobset.VERSION,
-        )
+    for backend in OPTIONAL_GANGS:
+        if not served[backend.kind]:
+            log.warning(
+                "%s %s is not served: experiments that need it stay Blocked (%s) until it is "
+                "installed (this operator then starts its watches again)",
+                backend.api_version,
+                backend.kind,
+                backend.not_served_reason,
+            )
     if not served[sweep.SWEEP_KIND]:
         log.warning(
             "%s/%s %s is not served: sweeps are not reconciled until its CRD is installed "
@@ -126,9 +129,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
     settings.queueing.idle_timeout = IDLE_WORKER_SECONDS
     # Only our own Jobs and pods travel from the API server.
     managed = f"{api.LABEL_MANAGED_BY}={api.MANAGED_BY}"
-    settings.watching.label_selectors["batch", "v1", "jobs"] = managed
     settings.watching.label_selectors["v1", "pods"] = managed
-    settings.watching.label_selectors[jobset.GROUP, jobset.VERSION, jobset.PLURAL] = managed
+    for backend in gangs.BACKENDS.values():
+        settings.watching.label_selectors[backend.group, backend.version, backend.plural] = managed
 
     metrics = Metrics()
     election, elector = options.leader_election, None
@@ -157,7 +160,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any)
             timeouts=options.start_timeouts,
             default_checkpoints=options.default_checkpoint_location,
             trainer_token=options.trainer_token,
-            watches_jobsets=served[jobset.KIND],
+            watched_kinds=frozenset(k for k in gangs.BACKENDS if served.get(k, True)),
         ),
         Indices(
             kwargs["experiment_index"],
@@ -286,14 +289,16 @@ def experiment_index(body: kopf.Body, namespace: str | None, name: str, **_: Any
     return {(namespace, name): ExperimentView.from_body(body)}
 
 
-@kopf.index("batch", "v1", "jobs", labels=OWNED)
+@kopf.index(
+    gangs.INDEXED_JOB.group, gangs.INDEXED_JOB.version, gangs.INDEXED_JOB.plural, labels=OWNED
+)
 def job_index(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any):
     return {(namespace, labels[api.LABEL_EXPERIMENT]): JobView.from_body(body)}
 
 
 # Multislice gangs (jobset.py). Without the JobSet CRD, Kopf only warns that it cannot watch
 # them, and the reconciler keeps such an experiment Blocked (reason JobSetNotServed).
-@kopf.index(jobset.GROUP, jobset.VERSION, jobset.PLURAL, labels=OWNED)
+@kopf.index(gangs.JOBSET.group, gangs.JOBSET.version, gangs.JOBSET.plural, labels=OWNED)
 def jobset_index(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any):
     return {(namespace, labels[api.LABEL_EXPERIMENT]): JobView.from_body(body)}
 
@@ -335,12 +340,14 @@ async def experiment_event(
 
 
 # -- its Jobs and pods ----------------------------------------------------------------------
-@kopf.on.event("batch", "v1", "jobs", labels=OWNED)
+@kopf.on.event(
+    gangs.INDEXED_JOB.group, gangs.INDEXED_JOB.version, gangs.INDEXED_JOB.plural, labels=OWNED
+)
 async def job_event(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
     memo.controller.changed((namespace, labels[api.LABEL_EXPERIMENT]))
 
 
-@kopf.on.event(jobset.GROUP, jobset.VERSION, jobset.PLURAL, labels=OWNED)
+@kopf.on.event(gangs.JOBSET.group, gangs.JOBSET.version, gangs.JOBSET.plural, labels=OWNED)
 async def jobset_event(
     namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any
 ) -> None:

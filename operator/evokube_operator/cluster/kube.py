@@ -22,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from evokube_contract import sweep
 from evokube_operator import api
-from evokube_operator.desired import jobset
+from evokube_operator.desired import gangs
 from evokube_operator.reading.ownership import NameConflict, is_owned_by
 from evokube_operator.rules.refusal import REFUSAL_CODES, Refusal
 
@@ -35,13 +35,12 @@ KINDS: dict[str, tuple[str, str]] = {
     "Event": ("/api/v1", "events"),
     "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims"),
     "Namespace": ("/api/v1", "namespaces"),  # cluster-scoped: read by name alone
-    "Job": ("/apis/batch/v1", "jobs"),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     api.KIND: (f"/apis/{api.GROUP}/{api.VERSION}", api.PLURAL),
     "Workload": (f"/apis/{api.KUEUE_GROUP}/{api.KUEUE_VERSION}", "workloads"),  # read only
-    jobset.KIND: (f"/apis/{jobset.GROUP}/{jobset.VERSION}", jobset.PLURAL),  # multislice
+    **{b.kind: (f"/apis/{b.api_version}", b.plural) for b in gangs.BACKENDS.values()},
     sweep.SWEEP_KIND: (f"/apis/{api.GROUP}/{api.VERSION}", sweep.SWEEP_PLURAL),
 }
 

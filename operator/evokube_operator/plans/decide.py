@@ -24,7 +24,7 @@ from typing import Any, cast
 
 from evokube_operator import api
 from evokube_operator import conditions as cond
-from evokube_operator.desired import builders
+from evokube_operator.desired import builders, gangs
 from evokube_operator.reading.observe import JobEvent, JobView, PodView, QueueView, gang_pods
 from evokube_operator.reading.ownership import Blocker, location_blocker
 from evokube_operator.reading.spec import (
@@ -355,7 +355,7 @@ def _start(step: _Step, status: Status, spec: ExperimentSpec, events=()) -> Plan
         phase=phase,
         observed_generation=exp.generation,
         hosts=hosts,
-        slices=_slices(spec),
+        slices=gangs.status_slices(spec),
         job_name=name,
         job_uid=None,
         coordinator_address=builders.coordinator_address(
@@ -426,11 +426,6 @@ def _checkpoint_durability(
     return conditions, (*events, Event("Warning", api.REASON_EMPTYDIR_CHECKPOINTS, message))
 
 
-def _slices(spec: ExperimentSpec) -> int | None:
-    """status.slices: set for a multislice gang only, so a single slice's status stays as it was."""
-    return spec.accelerator.slices if spec.accelerator.slices > 1 else None
-
-
 def _blocked(
     step: _Step,
     status: Status,
@@ -451,7 +446,7 @@ def _blocked(
         phase=api.RESTARTING if status.phase == api.RESTARTING else api.PENDING,
         observed_generation=step.exp.generation,
         hosts=spec.accelerator.processes,
-        slices=_slices(spec),
+        slices=gangs.status_slices(spec),
         job_name=None,
         job_uid=None,
         coordinator_address=None,
@@ -721,7 +716,7 @@ def _queued(
         reason = api.REASON_NO_WORKLOAD
         message = (
             f"{job.kind} {job.name} waits, and Kueue has no Workload for it: is Kueue installed "
-            f"with its {api.KUEUE_FRAMEWORKS[job.kind]} integration, and does LocalQueue "
+            f"with its {gangs.BACKENDS[job.kind].kueue_framework} integration, and does LocalQueue "
             f"{spec.queue_name} exist in namespace {step.exp.namespace}?"
         )
     else:

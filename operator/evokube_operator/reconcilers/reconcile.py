@@ -29,7 +29,7 @@ from typing import Any
 from evokube_operator import api
 from evokube_operator import conditions as cond
 from evokube_operator.cluster.kube import ApiError, Kube, refused_write
-from evokube_operator.desired import builders, jobset
+from evokube_operator.desired import builders, gangs
 from evokube_operator.plans.decide import (
     JOB_EVENTS_REQUEUE_SECONDS,
     QUEUE_REQUEUE_SECONDS,
@@ -114,9 +114,9 @@ class Reconciler:
     timeouts: startup.Timeouts = startup.DEFAULT_TIMEOUTS  # of pods that cannot start
     default_checkpoints: str | None = None  # bucket URL; experiments get <it>/<ns>/<name>
     trainer_token: str = api.TOKEN_HOST_0  # which trainer pods hold an API token
-    # The cluster served JobSets when the watches started (they start again if that
-    # changes: handlers.rewatch_when_served_changes).
-    watches_jobsets: bool = True
+    # The gang kinds the operator watches: those the cluster served when the watches started
+    # (they start again if that changes: handlers.rewatch_when_served_changes).
+    watched_kinds: frozenset[str] = frozenset(gangs.BACKENDS)
     _memory: dict[Key, _Memory] = field(default_factory=dict)
 
     def forget(self, key: Key) -> None:
@@ -326,7 +326,7 @@ class Reconciler:
             return None
         creating = plan.create_job is not None
         if creating:
-            blocker = self._jobset_blocker(spec) or self._references_blocker(exp, spec)
+            blocker = self._gang_blocker(spec) or self._references_blocker(exp, spec)
             if blocker is not None:
                 return blocker
         conflicts: list[NameConflict] = []
@@ -353,7 +353,7 @@ class Reconciler:
         """The watch no longer shows the current Job: the API server says whether it is gone
         (or being deleted), or the watch is just behind (then decide with the Job as read)."""
         name, uid = job.job, job.uid
-        kind = jobset.KIND if int(exp.status.get("slices") or 1) > 1 else "Job"
+        kind = gangs.backend_for(int(exp.status.get("slices") or 1)).kind
         try:
             found: dict[str, Any] | None = self.kube.get(kind, exp.namespace, name)
         except ApiError as err:
@@ -366,27 +366,26 @@ class Reconciler:
                 return replace(observation, jobs=(*observation.jobs, view))
         return replace(observation, job_gone=uid)
 
-    def _jobset_blocker(self, spec: ExperimentSpec) -> Blocker | None:
-        """A multislice gang needs a cluster that serves JobSets, and an operator that watches
-        them (it started after JobSet was installed); a person must act, hence Blocked."""
-        if spec.accelerator.slices == 1:
+    def _gang_blocker(self, spec: ExperimentSpec) -> Blocker | None:
+        """A gang of a kind that a cluster may lack (gangs.py) needs a cluster that serves it and
+        an operator that watches it (one started before its install does not yet); a person
+        must act, hence Blocked."""
+        backend = gangs.backend_for(spec.accelerator.slices)
+        if not backend.optional:
             return None
-        served = self.kube.serves(jobset.KIND)  # asked at each creation: JobSet may go or come
-        if served and self.watches_jobsets:
+        served = self.kube.serves(backend.kind)  # asked at each creation: it may go or come
+        if served and backend.kind in self.watched_kinds:
             return None
-        gang = (
-            f"spec.accelerator.tpu.slices is {spec.accelerator.slices}: a multislice gang runs "
-            f"as a {jobset.KIND} ({jobset.GROUP}/{jobset.VERSION}), "
-        )
+        assert backend.needed_by is not None and backend.not_served_reason is not None
+        gang = f"{backend.needed_by(spec)} runs as a {backend.kind} ({backend.api_version}), "
         if served:
             message = gang + (
                 "which this cluster began to serve after the operator started: the operator "
-                "starts its watches again to watch JobSets (within a minute)"
+                f"starts its watches again to watch {backend.kind}s (within a minute)"
             )
         else:
-            message = gang + "which this cluster does not serve; install JobSet "
-            message += "(docs/multislice.md) or use one slice"
-        return Blocker(api.REASON_JOBSET_NOT_SERVED, message)
+            message = gang + f"which this cluster does not serve; {backend.install}"
+        return Blocker(backend.not_served_reason, message)
 
     def _references_blocker(self, exp: Experiment, spec: ExperimentSpec) -> Blocker | None:
         """The first reason the spec's references keep the Job from being created: an account or
@@ -425,7 +424,7 @@ class Reconciler:
         """(manifest ConfigMap, Job or multislice JobSet) of the plan's attempt, in the order
         they are created."""
         assert plan.spec is not None and plan.create_job is not None, "decide plans no Job"
-        build = jobset.jobset if plan.spec.accelerator.slices > 1 else builders.job
+        build = gangs.backend_for(plan.spec.accelerator.slices).build
         job = build(
             exp, plan.spec, plan.create_job, plan.job_deadline, trainer_token=self.trainer_token
         )
@@ -475,10 +474,7 @@ class Reconciler:
                 log.warning("%s/%s: %s", exp.namespace, exp.name, refused.message)
                 return refused
             if created:
-                acc = plan.spec.accelerator
-                hosts = f"{acc.hosts} hosts"
-                if acc.slices > 1:
-                    hosts = f"{acc.slices} slices of {hosts}"
+                hosts = gangs.hosts_of(plan.spec)
                 message = f"created {job['kind']} {name}: {hosts}, attempt {plan.create_job}"
                 log.info("%s/%s: %s", exp.namespace, exp.name, message)
                 self._event(body, "Normal", api.REASON_JOB_CREATED, message)
