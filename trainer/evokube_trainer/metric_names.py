@@ -14,6 +14,11 @@ MEAN_FITNESS: Final = "ec/fitness_mean"
 MIN_FITNESS: Final = "ec/fitness_min"
 FITNESS_STD: Final = "ec/fitness_std"
 EVAL_RETURN: Final = "eval/return_mean"  # the evaluated candidate's mean return
+ACTOR_RETURN_MEAN: Final = "rl/actor_return_mean"  # the RL actors' fitness this generation
+CRITIC_LOSS: Final = "rl/critic_loss"  # the agents' `critic_loss` under the learner's "rl/"
+STEP_SECONDS: Final = "time/step_s"  # wall-clock seconds of the generation, on the host
+GENERATIONS_PER_S: Final = "time/generations_per_s"
+ENV_STEPS_PER_S: Final = "time/env_steps_per_s"  # every replica's steps
 PER_SEED: Final = (BEST_FITNESS, MEAN_FITNESS, EVAL_RETURN, ENV_STEPS)
 
 _SEED_KEY: Final = re.compile(r"seed/(\d+)/(.+)")

@@ -328,9 +328,9 @@ DEFAULT_CONSOLE_KEYS = (
     names.BEST_FITNESS,
     names.MEAN_FITNESS,
     names.EVAL_RETURN,
-    "rl/critic_loss",
-    "time/generations_per_s",
-    "time/env_steps_per_s",
+    names.CRITIC_LOSS,
+    names.GENERATIONS_PER_S,
+    names.ENV_STEPS_PER_S,
 )
 
 

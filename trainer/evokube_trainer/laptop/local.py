@@ -190,7 +190,7 @@ class Progress:
         print(
             f"gen {generation:5d}{total}  best {best:9.2f}{eval_text}  "
             f"env steps {int(metrics['env_steps']):>10,}  "
-            f"{metrics.get('time/env_steps_per_s', 0):>9,.0f} steps/s{eta}",
+            f"{metrics.get(names.ENV_STEPS_PER_S, 0):>9,.0f} steps/s{eta}",
             file=self.out,
             flush=True,
         )

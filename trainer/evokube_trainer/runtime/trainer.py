@@ -199,7 +199,7 @@ class _Generations:
                 self._note_finished_save()
         new_steps = host[names.ENV_STEPS] - self.env_steps
         self.env_steps = int(host[names.ENV_STEPS])
-        self.metrics.record_generation(host, host["time/step_s"], new_steps)
+        self.metrics.record_generation(host, host[names.STEP_SECONDS], new_steps)
         self.replicas.update(host)
         self.metrics.record_seeds(self.replicas.entries())
 
@@ -261,7 +261,7 @@ class _Generations:
         took = now - self.last_generation_at if self.last_generation_at else 0.0
         self.last_generation_at = now
         too_long = 2 * (took + self.save_s) > self.config.grace_s
-        per_generation = max(host["time/step_s"], 1e-6)
+        per_generation = max(host[names.STEP_SECONDS], 1e-6)
         fits = int(min(CHUNK_SECONDS, self.config.grace_s / 8) / per_generation)
         # One all-reduce agrees on all three; the chunk size as its negation (agree takes the
         # largest), since every process must run the same chunks of the one computation.

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from evokube_trainer import metric_names as names
 from evokube_trainer.agents import Agent
 from evokube_trainer.agents.base import DRAW_AHEAD_BYTES, scan_sampled_updates
 from evokube_trainer.ec import replace_worst
@@ -178,7 +179,7 @@ class IndependentAgents:
         population = jnp.where(inject, injected, population)
         fitness = jnp.where(inject, fitness.at[slots].set(actor_fitness), fitness)
         metrics = {
-            "rl/actor_return_mean": jnp.mean(actor_fitness),
+            names.ACTOR_RETURN_MEAN: jnp.mean(actor_fitness),
             "rl/actor_return_max": jnp.max(actor_fitness),
             "rl/injected": inject.astype(jnp.float32),
         }

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from evokube_trainer import metric_names as names
 from evokube_trainer.envs import RunningStats
 from evokube_trainer.replay import ReplayState
 from evokube_trainer.workflows._learners import IndependentAgents
@@ -150,7 +151,7 @@ class PopulationBasedTraining:
         best = jnp.argmax(actor_fitness)  # never replaced: the top members are only copied
         metrics = {f"pbt/best/{name}": v[best] for name, v in state.hyperparameters.items()}
         metrics["pbt/exploited"] = ready.astype(jnp.float32)
-        metrics["rl/actor_return_mean"] = jnp.mean(actor_fitness)
+        metrics[names.ACTOR_RETURN_MEAN] = jnp.mean(actor_fitness)
         return state, population, fitness, metrics
 
     def exploit_and_explore(self, state: PBTState, fitness: Array, key: Array) -> PBTState:

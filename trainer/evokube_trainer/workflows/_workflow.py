@@ -557,10 +557,10 @@ class Workflow:
                     values = {k: v for k, v in values.items() if not k.startswith("eval/")}
                 metrics = seed_metrics(values, self.seeds)
                 generation = int(metrics["generation"])
-                metrics["time/step_s"] = step_seconds
-                metrics["time/generations_per_s"] = 1.0 / max(step_seconds, 1e-9)
+                metrics[names.STEP_SECONDS] = step_seconds
+                metrics[names.GENERATIONS_PER_S] = 1.0 / max(step_seconds, 1e-9)
                 total = int(np.sum(values[names.ENV_STEPS]))  # the whole program's throughput
-                metrics["time/env_steps_per_s"] = (total - env_steps) / max(step_seconds, 1e-9)
+                metrics[names.ENV_STEPS_PER_S] = (total - env_steps) / max(step_seconds, 1e-9)
                 env_steps = total
                 for recorder in recorders:
                     recorder.write(generation, metrics)
