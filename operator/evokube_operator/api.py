@@ -177,10 +177,10 @@ REASON_DURABLE_CHECKPOINTS: Final = "DurableCheckpoints"  # CheckpointsEphemeral
 # Restarting: someone else deleted the current Job; the next attempt starts (a preemption).
 REASON_JOB_DELETED: Final = "JobDeleted"
 # When the API server refuses an object the operator creates for the experiment (its Service,
-# NetworkPolicy, ServiceAccount, Role, RoleBinding or Job: policies/refusal.py).
+# NetworkPolicy, ServiceAccount, Role, RoleBinding or Job: rules/refusal.py).
 REASON_CREATION_REFUSED: Final = "CreationRefused"  # Failed: invalid, or a policy said no
 REASON_CREATION_FAILING: Final = "CreationFailing"  # Blocked: a quota, say; tried again
-# When the trainer pods cannot be created or cannot start (policies/startup.py).
+# When the trainer pods cannot be created or cannot start (rules/startup.py).
 REASON_POD_CREATION_REFUSED: Final = "PodCreationRefused"  # Failed: admission said no
 REASON_POD_CREATION_FAILING: Final = "PodCreationFailing"  # Blocked: quota, for example
 REASON_INVALID_IMAGE: Final = "InvalidImage"  # Failed: the kubelet cannot parse spec.image

@@ -210,7 +210,7 @@ class Kube:
         raises NameConflict and is left untouched. One it does control is server-side
         applied with `update` (guarded by the resourceVersion read, so an object swapped
         in between is not written), else returned as it is (a Job's template is immutable).
-        A refusal of the creation or the apply (policies/refusal.py) raises Refusal, naming
+        A refusal of the creation or the apply (rules/refusal.py) raises Refusal, naming
         the object. `dry_run` only asks whether the creation would pass (nothing is written;
         an object it would take up is returned as it is). Any kind of KINDS; the read happens
         only when the name is taken.

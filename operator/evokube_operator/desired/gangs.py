@@ -5,8 +5,9 @@ A backend is what the rest of the operator needs to know of its kind: the API to
 and watch it, the builder of its body, the Kueue integration that queues it, and, for a kind
 that a cluster may lack (a CRD of its own), why a spec needs it and what to install, so that an
 experiment waits Blocked with that said. A third backend (a LeaderWorkerSet, a Kubeflow
-TrainJob) is its builder module beside jobset.py, one entry in BACKENDS and a line in
-`backend_for`; handlers.py watches every entry of BACKENDS.
+TrainJob) is its builder module beside jobset.py, one entry in BACKENDS, its case in
+`backend_for`, and its index and event handler in handlers.py (Kopf registers them by
+decorator); Kopf's label selectors and the served-kinds check already cover every entry.
 """
 
 from __future__ import annotations

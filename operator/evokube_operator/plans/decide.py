@@ -3,7 +3,7 @@
 `decide` reads an experiment (its spec and the status the operator wrote
 last), the Jobs and pods it owns, and the time, and says what the status
 should become, which Events to post, and which Jobs to create or delete. It
-is a short list of early-return steps; each policy lives in `policies/`.
+is a short list of early-return steps; each rule lives in `rules/`.
 
 The reconciler (reconcile.py) carries a Plan out in a fixed order: one status
 write, then Events, then Job deletions and creations. Writing the status
@@ -436,7 +436,7 @@ def _blocked(
 ) -> Plan:
     """No Job until a person acts: Blocked says why (a Warning Event the first time), and
     the reconciler looks again every BLOCKED_REQUEUE_SECONDS, or with `backoff` after as long
-    as it has been Blocked (policies/refusal.py). The status names no Job."""
+    as it has been Blocked (rules/refusal.py). The status names no Job."""
     condition = cond.Condition(api.COND_BLOCKED, True, blocker.reason, blocker.message)
     conditions = step.conditions(status, condition)
     if conditions != status.conditions:
@@ -746,7 +746,7 @@ def _queued(
 def _start_check(
     step: _Step, job: JobView, pods: list[PodView], hosts: int
 ) -> tuple[startup.Diagnosis, bool]:
-    """What keeps a gang that is not all running from starting (policies/startup.py), and
+    """What keeps a gang that is not all running from starting (rules/startup.py), and
     whether the Job's events are needed to tell. Its recheck_after says when to look again."""
     now = step.obs.now
     missing = startup.missing_pods(pods, hosts)

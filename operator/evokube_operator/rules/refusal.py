@@ -2,7 +2,7 @@
 
 The same question comes from two places: the operator creating what an experiment needs (its
 Service, NetworkPolicy, ServiceAccount, Role, RoleBinding and Job), and the Job controller
-creating the trainer pods (its FailedCreate events, policies/startup.py). Either way a
+creating the trainer pods (its FailedCreate events, rules/startup.py). Either way a
 refusal said once is said again on every retry of the same request, unless something else
 changes: a quota frees up or is raised, a permission is granted. So:
 

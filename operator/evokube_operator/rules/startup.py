@@ -7,7 +7,7 @@ the scheduler sets the condition PodScheduled=False.
 
 | observed | verdict |
 |---|---|
-| FailedCreate: refused for good (PodSecurity, a policy said no: policies/refusal.py) | Failed |
+| FailedCreate: refused for good (PodSecurity, a policy said no: rules/refusal.py) | Failed |
 | FailedCreate: may pass (a ResourceQuota, a ServiceAccount not found yet, ...) | Blocked |
 | trainer waiting: InvalidImageName | Failed |
 | trainer waiting: ErrImagePull, ImagePullBackOff, ErrImageNeverPull | Blocked, then Failed |

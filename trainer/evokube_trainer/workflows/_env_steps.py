@@ -24,7 +24,8 @@ Array = jax.Array
 # `env_steps_high` the whole ENV_STEPS_WORDs. A generation's steps are summed into it exactly
 # from each member's count (`add_member_steps`), so a generation of a million members may take
 # more than 2**31 steps.
-ENV_STEPS_WORD = 2**30
+_WORD_BITS = 30
+ENV_STEPS_WORD = 1 << _WORD_BITS
 
 
 def add_env_steps(high: Array, low: Array, new: Array) -> tuple[Array, Array]:
@@ -46,7 +47,7 @@ def add_member_steps(high: Array, low: Array, member_steps: Array) -> tuple[Arra
         part = jnp.sum((member_steps >> (_LIMB_BITS * limb)) & mask)  # < 2**31
         # part * 2**shift, split into whole words and the rest below a word
         shift = _LIMB_BITS * limb
-        whole, rest = part >> (30 - shift), part & ((1 << (30 - shift)) - 1)
+        whole, rest = part >> (_WORD_BITS - shift), part & ((1 << (_WORD_BITS - shift)) - 1)
         high, low = add_env_steps(high + whole, low, rest << shift)
     return high, low
 
